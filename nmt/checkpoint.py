@@ -1,0 +1,127 @@
+"""Checkpoint files: atomic writes, safe reads, and loading a model for inference.
+
+A checkpoint is a plain dict of tensors and containers (see docs/ARCHITECTURE.md), read
+with `torch.load(weights_only=True)` so that a checkpoint from someone else cannot run
+code. The tokenizer(s) travel inside, so generation needs nothing but the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.errors import NmtError
+
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write `obj` to `path` atomically: temp file in the same dir, fsync, rename.
+
+    A crash or kill at any moment leaves either the old file or the new one, never a
+    partial one. A full disk raises NmtError and leaves the previous file intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise NmtError(f"{path}: could not write checkpoint ({exc.strerror or exc}); "
+                       "the previous checkpoint is intact") from exc
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint safely; every failure is an NmtError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: checkpoint not found")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NmtError(f"{path}: not a readable nmt checkpoint (truncated or corrupted?): "
+                       f"{first[:200]}") from exc
+    if not isinstance(obj, dict) or "model" not in obj or "model_config" not in obj:
+        raise NmtError(f"{path}: not an nmt checkpoint (no model or model_config inside)")
+    version = obj.get("format_version")
+    if version != FORMAT_VERSION:
+        raise NmtError(f"{path}: checkpoint format_version {version!r}; this nmt reads "
+                       f"version {FORMAT_VERSION}")
+    return obj
+
+
+def tokenizer_to_tensor(model_bytes: bytes) -> torch.Tensor:
+    """SentencePiece model bytes as a uint8 tensor (weights_only-loadable)."""
+    return torch.frombuffer(bytearray(model_bytes), dtype=torch.uint8).clone()
+
+
+def tensor_to_bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.cpu().numpy().tobytes())
+
+
+def model_config_from_dict(d: dict[str, Any]):
+    """Rebuild ModelConfig, ignoring nothing silently: unknown keys are an error."""
+    from nmt.model.config import ModelConfig
+
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise NmtError(f"checkpoint model_config has keys this nmt does not know: {unknown}")
+    return ModelConfig(**d)
+
+
+@dataclass
+class InferenceBundle:
+    """Everything generation needs, rebuilt from one checkpoint file."""
+
+    model: torch.nn.Module
+    src_tokenizer: Any  # nmt.data.tokenizer.Tokenizer
+    tgt_tokenizer: Any
+    data: dict[str, Any]  # src_lang, tgt_lang, vocab sizes, special_ids, normalization
+    model_config: Any  # ModelConfig
+
+
+def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> InferenceBundle:
+    """Load model weights, config and tokenizers from a checkpoint, in eval mode."""
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.model.transformer import Transformer
+
+    ckpt = load_checkpoint(path)
+    cfg = model_config_from_dict(ckpt["model_config"])
+    data = ckpt.get("data") or {}
+    try:
+        model = Transformer(cfg, src_vocab_size=data["src_vocab_size"],
+                            tgt_vocab_size=data["tgt_vocab_size"],
+                            pad_id=data["special_ids"]["pad"])
+        tokenizers = ckpt["tokenizers"]
+        src_tok = Tokenizer.from_bytes(tensor_to_bytes(tokenizers["src"]))
+        tgt_tok = Tokenizer.from_bytes(tensor_to_bytes(tokenizers["tgt"]))
+    except KeyError as exc:
+        raise NmtError(f"{path}: checkpoint lacks {exc.args[0]!r}; it was not written by nmt") from exc
+    try:
+        model.load_state_dict(ckpt["model"], strict=True)
+    except RuntimeError as exc:
+        raise NmtError(f"{path}: weights do not fit the model config stored with them: "
+                       f"{str(exc).splitlines()[0][:200]}") from exc
+    model.to(device).eval()
+    return InferenceBundle(model=model, src_tokenizer=src_tok, tgt_tokenizer=tgt_tok,
+                           data=data, model_config=cfg)

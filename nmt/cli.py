@@ -1,0 +1,178 @@
+"""Console entry points: `nmt-preprocess`, `nmt-train`, `nmt-generate`, `nmt-score`.
+
+Each composes its config with Hydra's compose API (configs/<command>.yaml, the groups
+under configs/, an optional user config dir, command-line overrides), validates it
+against the command's dataclass, and calls `commands/<command>.run(cfg)`.
+
+Hydra's compose API is used rather than `@hydra.main` so that nothing is written to
+`outputs/DATE/TIME/`, the working directory never changes, and every configuration
+mistake is one line on stderr naming the key, with a non-zero exit.
+
+Usage, as Hydra users expect:
+    nmt-train data=data-bin/demo model=transformer_tiny optim.lr=1e-3
+    nmt-train --config-dir my_configs --config-name my_train
+    nmt-train --cfg            # print the composed config and exit
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.errors import NmtError
+
+USAGE = """usage: nmt-{name} [--config-dir DIR] [--config-name NAME] [--cfg] [KEY=VALUE ...]
+
+  KEY=VALUE          override a config value (Hydra syntax: a.b=1, +new=x, ~drop, group=option)
+  --config-dir DIR   also search DIR for configs (it takes precedence over the built-in ones)
+  --config-name NAME the primary config to compose (default: {name})
+  --cfg              print the composed, validated config and exit
+  debug=true         show full tracebacks instead of one-line errors
+
+Built-in configs: {config_dir}
+"""
+
+
+def config_dir() -> Path:
+    """The built-in configs: the checkout's configs/ folder, or nmt/configs in a wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if (checkout / "train.yaml").exists() or (checkout / "preprocess.yaml").exists():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("nmt.configs")))
+
+
+def _fail(prog: str, message: str, code: int = 2) -> None:
+    first_line = " ".join(str(message).strip().splitlines()[:1]) or "unknown error"
+    print(f"{prog}: error: {first_line}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _describe_config_error(exc: Exception) -> str:
+    """Hydra/OmegaConf errors are multi-line and chained; keep the lines that name the key."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 3:
+        lines = [ln.strip() for ln in str(seen).strip().splitlines() if ln.strip()]
+        head = lines[0] if lines else type(seen).__name__
+        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+        if key and key not in head:
+            head = f"{head} (key: {key})"
+        if head not in parts and "$VALUE" not in head:
+            parts.append(head.rstrip("."))
+        seen = seen.__cause__ or seen.__context__
+    return "invalid configuration: " + ": ".join(parts)
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, list[str]]:
+    user_dir = None
+    config_name = None
+    print_cfg = False
+    show_help = False
+    overrides: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in ("-h", "--help"):
+            show_help = True
+        elif arg == "--cfg":
+            print_cfg = True
+        elif arg in ("--config-dir", "-cd"):
+            user_dir = next(it, None)
+        elif arg.startswith("--config-dir="):
+            user_dir = arg.split("=", 1)[1]
+        elif arg in ("--config-name", "-cn"):
+            config_name = next(it, None)
+        elif arg.startswith("--config-name="):
+            config_name = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            raise NmtError(f"unknown option {arg!r}; overrides are written KEY=VALUE (see --help)")
+        else:
+            overrides.append(arg)
+    return user_dir, config_name, print_cfg, show_help, overrides
+
+
+def compose_config(name: str, overrides: list[str], user_dir: str | None = None,
+                   config_name: str | None = None) -> DictConfig:
+    """Compose and validate `configs/<name>.yaml` with overrides (also used by tests)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from nmt.config import COMMANDS, register
+
+    spec = COMMANDS[name]()
+    register(spec)
+    extra = list(overrides)
+    if user_dir is not None:
+        path = Path(user_dir).expanduser().resolve()
+        if not path.is_dir():
+            raise NmtError(f"--config-dir {user_dir}: no such directory")
+        extra.append(f"hydra.searchpath=[file://{path}]")
+        primary = str(path)
+        search_builtin = True
+    else:
+        primary = str(config_dir())
+        search_builtin = False
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(version_base=None, config_dir=primary, job_name=f"nmt-{name}"):
+            if search_builtin:
+                extra[-1] = f"hydra.searchpath=[file://{config_dir()}]"
+            cfg = compose(config_name=config_name or name, overrides=extra)
+    except NmtError:
+        raise
+    except Exception as exc:  # Hydra and OmegaConf raise many types; all are user mistakes here
+        raise NmtError(_describe_config_error(exc)) from exc
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def to_dataclass(cfg: DictConfig):
+    """The validated config as its plain dataclass (what commands receive)."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except Exception as exc:
+        raise NmtError(_describe_config_error(exc)) from exc
+
+
+def main(name: str, argv: list[str] | None = None) -> None:
+    prog = f"nmt-{name}"
+    argv = sys.argv[1:] if argv is None else argv
+    debug = any(a.lower() in ("debug=true", "debug=1", "+debug=true") for a in argv) or bool(
+        os.environ.get("NMT_DEBUG")
+    )
+    try:
+        user_dir, config_name, print_cfg, show_help, overrides = parse_args(argv)
+        if show_help:
+            print(USAGE.format(name=name, config_dir=config_dir()))
+            return
+        cfg = compose_config(name, overrides, user_dir, config_name)
+        if print_cfg:
+            print(OmegaConf.to_yaml(cfg), end="")
+            return
+        from nmt.config import COMMANDS
+
+        COMMANDS[name]().run(to_dataclass(cfg))
+    except NmtError as exc:
+        if debug:
+            raise
+        _fail(prog, str(exc))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        # `nmt-generate ... | head`: the reader went away; that is not an error.
+        sys.stderr.close()
+        sys.exit(0)
+    except Exception as exc:  # an unexpected bug: still one line, unless debug=true
+        if debug:
+            raise
+        _fail(prog, f"{type(exc).__name__}: {exc} (run again with debug=true for the traceback)", 1)
+
+
+def preprocess_main() -> None:
+    main("preprocess")

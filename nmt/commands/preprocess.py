@@ -1,0 +1,2 @@
+def run(cfg):
+    print(cfg)

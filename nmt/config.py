@@ -1,0 +1,40 @@
+"""Registers each command's structured config (a dataclass) in Hydra's ConfigStore.
+
+The dataclasses themselves live next to the code that uses them and import nothing
+from Hydra; this module and `cli.py` are the only places that know about Hydra.
+Each command's YAML file (configs/<command>.yaml) starts its defaults list with
+`<command>_schema`, so every key and type is checked against the dataclass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """What the CLI needs to know about one command."""
+
+    name: str  # "preprocess": the YAML file is configs/preprocess.yaml
+    schema: type  # the dataclass the composed config must fit
+    run: Callable[[Any], None]  # commands/<name>.run(cfg)
+
+
+def _preprocess() -> CommandSpec:
+    from nmt.commands import preprocess
+    from nmt.data.config import PreprocessConfig
+
+    return CommandSpec("preprocess", PreprocessConfig, preprocess.run)
+
+
+COMMANDS: dict[str, Callable[[], CommandSpec]] = {
+    "preprocess": _preprocess,
+}
+
+
+def register(spec: CommandSpec) -> None:
+    """Store the schema under `<name>_schema` for the YAML defaults list to extend."""
+    ConfigStore.instance().store(name=f"{spec.name}_schema", node=spec.schema)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up .venv with nmt and its dependencies.
+#   CPU (default): torch 2.13.0, the CPU build (a local wheel on the project's machines).
+#   GPU: NMT_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# torch first and pinned, so the dependency resolver never pulls a multi-GB CUDA build.
+# shellcheck disable=SC2086
+.venv/bin/python -m pip install -q ${NMT_TORCH:-torch==2.13.0}
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "nmt is set up in .venv (activate with: source .venv/bin/activate)"
