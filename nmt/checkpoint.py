@@ -78,6 +78,29 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
     return bytes(t.cpu().numpy().tobytes())
 
 
+def build_checkpoint(*, model_state: dict[str, torch.Tensor], model_config: dict[str, Any],
+                     data: dict[str, Any], src_tokenizer: bytes, tgt_tokenizer: bytes,
+                     train_state: dict[str, Any] | None = None,
+                     config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint dict in the documented layout; the inference part is always complete.
+
+    `train_state` is left out of averaged or imported checkpoints (generation ignores it).
+    """
+    ckpt: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "model_config": dict(model_config),
+        "model": model_state,
+        "data": dict(data),
+        "tokenizers": {"src": tokenizer_to_tensor(src_tokenizer),
+                       "tgt": tokenizer_to_tensor(tgt_tokenizer)},
+    }
+    if train_state is not None:
+        ckpt["train_state"] = train_state
+    if config is not None:
+        ckpt["config"] = config
+    return ckpt
+
+
 def model_config_from_dict(d: dict[str, Any]):
     """Rebuild ModelConfig, ignoring nothing silently: unknown keys are an error."""
     from nmt.model.config import ModelConfig

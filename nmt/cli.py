@@ -176,3 +176,23 @@ def main(name: str, argv: list[str] | None = None) -> None:
 
 def preprocess_main() -> None:
     main("preprocess")
+
+
+def score_main() -> None:
+    main("score")
+
+
+def generate_main() -> None:
+    main("generate")
+
+
+def export_main() -> None:
+    main("export")
+
+
+def import_fairseq_main() -> None:
+    main("import_fairseq")
+
+
+def train_main() -> None:
+    main("train")

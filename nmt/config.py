@@ -30,8 +30,48 @@ def _preprocess() -> CommandSpec:
     return CommandSpec("preprocess", PreprocessConfig, preprocess.run)
 
 
+def _score() -> CommandSpec:
+    from nmt.commands import score
+    from nmt.scoring import ScoreConfig
+
+    return CommandSpec("score", ScoreConfig, score.run)
+
+
+def _generate() -> CommandSpec:
+    from nmt.commands import generate
+    from nmt.generation.config import GenerateConfig
+
+    return CommandSpec("generate", GenerateConfig, generate.run)
+
+
+def _export() -> CommandSpec:
+    from nmt.commands import export
+    from nmt.interop.config import ExportConfig
+
+    return CommandSpec("export", ExportConfig, export.run)
+
+
+def _import_fairseq() -> CommandSpec:
+    from nmt.commands import import_fairseq
+    from nmt.interop.config import ImportFairseqConfig
+
+    return CommandSpec("import_fairseq", ImportFairseqConfig, import_fairseq.run)
+
+
+def _train() -> CommandSpec:
+    from nmt.commands import train
+    from nmt.training.config import TrainConfig
+
+    return CommandSpec("train", TrainConfig, train.run)
+
+
 COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "preprocess": _preprocess,
+    "train": _train,
+    "score": _score,
+    "generate": _generate,
+    "export": _export,
+    "import_fairseq": _import_fairseq,
 }
 
 

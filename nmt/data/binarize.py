@@ -1,0 +1,280 @@
+"""Binarized splits: `<prefix>.bin` (flat token ids) + `<prefix>.idx` (int64 offsets, n+1).
+
+Sentence i is `bin[idx[i]:idx[i+1]]`. Both files are memory-mapped when read, so opening
+a split costs nothing and sentence i is read without loading the rest. The token dtype is
+uint16 when the vocabulary fits, else int32; a reader infers it from the file sizes.
+
+`encode_split` turns a pair of text files into these arrays: chunks of lines are encoded
+(read, normalize, SentencePiece, clean) in `workers` processes and written in chunk order,
+so the output does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from nmt.data.corpus import CLEAN_RULES, INVALID_UTF8, CleanRules, FileScan, read_lines
+from nmt.data.tokenizer import Tokenizer
+from nmt.data.vocab import EOS
+from nmt.errors import NmtError
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+class TokenArray:
+    """Read-only, memory-mapped view of one binarized split and side."""
+
+    def __init__(self, prefix: str | os.PathLike) -> None:
+        self.prefix = str(prefix)
+        bin_path, idx_path = Path(self.prefix + ".bin"), Path(self.prefix + ".idx")
+        for path in (bin_path, idx_path):
+            if not path.is_file():
+                raise NmtError(f"{path}: missing; rebuild the data dir with nmt-preprocess")
+        idx_bytes = idx_path.stat().st_size
+        if idx_bytes == 0 or idx_bytes % 8:
+            raise NmtError(f"{idx_path}: truncated index; rebuild the data dir with nmt-preprocess")
+        self._idx = np.memmap(idx_path, dtype=np.int64, mode="r")
+        n_tokens = int(self._idx[-1])
+        bin_bytes = bin_path.stat().st_size
+        if n_tokens == 0:
+            self._bin: np.ndarray = np.zeros(0, dtype=np.uint16)
+        elif bin_bytes % n_tokens or bin_bytes // n_tokens not in (2, 4):
+            raise NmtError(f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens "
+                           f"{idx_path.name} describes; rebuild the data dir with nmt-preprocess")
+        else:
+            dtype = np.uint16 if bin_bytes // n_tokens == 2 else np.int32
+            self._bin = np.memmap(bin_path, dtype=dtype, mode="r")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._bin.dtype
+
+    def __len__(self) -> int:
+        return len(self._idx) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sentence {i} out of range for {n} sentences in {self.prefix}")
+        start, end = self._idx[i], self._idx[i + 1]
+        return np.array(self._bin[start:end], dtype=np.int64)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Length of every sentence (EOS included), int64."""
+        if not hasattr(self, "_sizes"):
+            self._sizes = np.diff(np.asarray(self._idx))
+        return self._sizes
+
+    # DataLoader workers get the path and map the files again, instead of a copy of the data
+    def __getstate__(self) -> dict:
+        return {"prefix": self.prefix}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["prefix"])
+
+
+class TokenArrayWriter:
+    """Appends sentences chunk by chunk to `<prefix>.bin` and `.idx`; call close() at the end."""
+
+    def __init__(self, prefix: str | os.PathLike, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self._bin = open(f"{prefix}.bin", "wb")
+        self._idx = open(f"{prefix}.idx", "wb")
+        self.tokens = 0
+        self.sentences = 0
+        np.zeros(1, dtype=np.int64).tofile(self._idx)
+
+    def add(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """`ids`: the chunk's sentences concatenated; `lengths`: tokens per sentence."""
+        self._bin.write(np.ascontiguousarray(ids, dtype=self.dtype).tobytes())
+        (self.tokens + np.cumsum(lengths, dtype=np.int64)).tofile(self._idx)
+        self.tokens += int(np.sum(lengths, dtype=np.int64))
+        self.sentences += len(lengths)
+
+    def close(self) -> None:
+        for f in (self._bin, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+
+@dataclass
+class ChunkResult:
+    """One encoded chunk: kept sentences (EOS appended) of both sides, and what was dropped."""
+
+    lines: int
+    src_ids: np.ndarray
+    src_lens: np.ndarray
+    tgt_ids: np.ndarray
+    tgt_lens: np.ndarray
+    removed: dict[str, int]
+    bad_utf8: int  # lines with invalid UTF-8 (replaced or skipped)
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    """Everything a worker needs besides the chunk: fixed for the whole run."""
+
+    src_model: bytes
+    tgt_model: bytes
+    dtype: str
+    nfkc: bool
+    on_invalid_utf8: str
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    src: Path
+    tgt: Path
+    src_range: tuple[int, int]
+    tgt_range: tuple[int, int]
+    first_line: int  # 0-based
+    clean: CleanRules | None  # None for valid/test: every line is kept
+
+
+_worker: "_ChunkEncoder | None" = None
+
+
+class _ChunkEncoder:
+    def __init__(self, settings: EncodeSettings) -> None:
+        self.settings = settings
+        self.src = Tokenizer(settings.src_model)
+        joint = settings.tgt_model == settings.src_model
+        self.tgt = self.src if joint else Tokenizer(settings.tgt_model)
+        self.dtype = np.dtype(settings.dtype)
+
+    def __call__(self, task: ChunkTask) -> ChunkResult:
+        s = self.settings
+        src_lines, src_bad = read_lines(task.src, *task.src_range, task.first_line,
+                                        s.on_invalid_utf8, s.nfkc)
+        tgt_lines, tgt_bad = read_lines(task.tgt, *task.tgt_range, task.first_line,
+                                        s.on_invalid_utf8, s.nfkc)
+        if len(src_lines) != len(tgt_lines):  # the scan matched the counts; files changed since
+            raise NmtError(f"{task.src} and {task.tgt} changed while being read; run again")
+        n = len(src_lines)
+        usable = np.array([a is not None and b is not None for a, b in zip(src_lines, tgt_lines)],
+                          dtype=bool)
+        removed = {INVALID_UTF8: int(n - usable.sum())}
+        if removed[INVALID_UTF8]:
+            src_lines = [t for t, ok in zip(src_lines, usable) if ok]
+            tgt_lines = [t for t, ok in zip(tgt_lines, usable) if ok]
+        src_ids, src_lens = self._encode(self.src, src_lines)
+        tgt_ids, tgt_lens = self._encode(self.tgt, tgt_lines)
+        if task.clean is not None:
+            keep, counts = task.clean.apply(src_lens, tgt_lens)
+            removed.update(counts)
+            src_ids, src_lens = _select(src_ids, src_lens, keep)
+            tgt_ids, tgt_lens = _select(tgt_ids, tgt_lens, keep)
+        src_ids, src_lens = _append_eos(src_ids, src_lens)
+        tgt_ids, tgt_lens = _append_eos(tgt_ids, tgt_lens)
+        return ChunkResult(n, src_ids, src_lens, tgt_ids, tgt_lens, removed, src_bad + tgt_bad)
+
+    def _encode(self, tokenizer: Tokenizer, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Flat ids and per-sentence lengths, built by numpy from SentencePiece's batch output."""
+        encoded = tokenizer.encode_batch(lines)
+        lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        ids = np.fromiter(itertools.chain.from_iterable(encoded), dtype=self.dtype,
+                          count=int(lens.sum()))
+        return ids, lens
+
+
+def _select(ids: np.ndarray, lens: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return ids[np.repeat(keep, lens)], lens[keep]
+
+
+def _append_eos(ids: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Insert EOS after every sentence: positions are the sentence ends in `ids`."""
+    return np.insert(ids, np.cumsum(lens), EOS), lens + 1
+
+
+def _init_worker(settings: EncodeSettings) -> None:
+    global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _worker = _ChunkEncoder(settings)
+
+
+def _run_chunk(task: ChunkTask) -> ChunkResult:
+    assert _worker is not None
+    return _worker(task)
+
+
+@dataclass
+class SplitStats:
+    """What meta.json records for a split."""
+
+    lines: int = 0
+    kept: int = 0
+    removed: dict[str, int] = field(default_factory=dict)
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+    bad_utf8: int = 0  # reported, not stored: replaced lines are kept, skipped ones are removed
+
+
+class Encoder:
+    """Encodes splits with `workers` processes (or in-process for one); use as a context."""
+
+    def __init__(self, settings: EncodeSettings, workers: int) -> None:
+        self.settings = settings
+        self.workers = workers
+        self._pool: multiprocessing.pool.Pool | None = None
+        self._local: _ChunkEncoder | None = None
+
+    def __enter__(self) -> "Encoder":
+        if self.workers > 1:
+            self._pool = multiprocessing.get_context().Pool(
+                self.workers, initializer=_init_worker, initargs=(self.settings,))
+        else:
+            self._local = _ChunkEncoder(self.settings)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def _results(self, tasks: list[ChunkTask]) -> Iterator[ChunkResult]:
+        if self._pool is not None:
+            return self._pool.imap(_run_chunk, tasks)  # imap keeps the order of the tasks
+        assert self._local is not None
+        return map(self._local, tasks)
+
+    def encode_split(self, src: FileScan, tgt: FileScan, chunk_lines: int, out_prefix_src: Path,
+                     out_prefix_tgt: Path, clean: CleanRules | None,
+                     progress: Callable[[int], None] = lambda n: None) -> SplitStats:
+        """Write both sides of one split; returns its counts."""
+        tasks = [ChunkTask(src.path, tgt.path, src.chunk(k), tgt.chunk(k), k * chunk_lines, clean)
+                 for k in range(len(src.starts) - 1)]
+        dtype = np.dtype(self.settings.dtype)
+        rules = (INVALID_UTF8, *CLEAN_RULES) if clean is not None else (INVALID_UTF8,)
+        stats = SplitStats(removed=dict.fromkeys(rules, 0))
+        src_out = TokenArrayWriter(out_prefix_src, dtype)
+        tgt_out = TokenArrayWriter(out_prefix_tgt, dtype)
+        try:
+            for result in self._results(tasks):
+                src_out.add(result.src_ids, result.src_lens)
+                tgt_out.add(result.tgt_ids, result.tgt_lens)
+                stats.lines += result.lines
+                stats.bad_utf8 += result.bad_utf8
+                for rule, count in result.removed.items():
+                    stats.removed[rule] += count
+                progress(result.lines)
+        finally:
+            src_out.close()
+            tgt_out.close()
+        stats.kept = src_out.sentences
+        stats.src_tokens, stats.tgt_tokens = src_out.tokens, tgt_out.tokens
+        return stats

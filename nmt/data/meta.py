@@ -1,0 +1,105 @@
+"""meta.json: what a data dir holds, written last by nmt-preprocess and read by everything else.
+
+A data dir is complete only when meta.json exists (see docs/ARCHITECTURE.md). Training and
+generation read languages, vocabulary sizes, special ids and tokenizer files from here, so
+nothing is configured twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from nmt.errors import NmtError
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+
+
+@dataclass
+class SplitInfo:
+    """Counts of one split; `lines == kept + sum(removed.values())`."""
+
+    lines: int  # lines in each input file
+    kept: int  # sentence pairs stored
+    removed: dict[str, int]  # rule -> pairs dropped (empty, too_long, ratio, invalid_utf8)
+    src_tokens: int  # ids stored for the source side, EOS included
+    tgt_tokens: int  # ids stored for the target side, EOS included
+
+
+@dataclass
+class DataMeta:
+    """Mirror of meta.json."""
+
+    src_lang: str
+    tgt_lang: str
+    joint_vocab: bool
+    src_vocab_size: int
+    tgt_vocab_size: int
+    special_ids: dict[str, int]  # {bos, pad, eos, unk}
+    dtype: str  # "uint16" or "int32"
+    tokenizers: dict[str, dict[str, str]]  # {src: {file, sha256}, tgt: {file, sha256}}
+    normalization: dict[str, bool]  # {nfkc}
+    splits: dict[str, SplitInfo]
+    config: dict[str, Any] = field(default_factory=dict)  # the preprocess config, resolved
+    format_version: int = FORMAT_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"format_version": d.pop("format_version"), **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> "DataMeta":
+        names = {f.name for f in fields(cls)}
+        missing = sorted(names - {"config"} - d.keys())
+        if missing:
+            raise NmtError(f"{where}: missing fields {', '.join(missing)}; "
+                           "rebuild the data dir with nmt-preprocess")
+        values = {k: v for k, v in d.items() if k in names}
+        try:
+            values["splits"] = {name: SplitInfo(**info) for name, info in d["splits"].items()}
+        except (TypeError, AttributeError) as exc:
+            raise NmtError(f"{where}: malformed splits ({exc}); "
+                           "rebuild the data dir with nmt-preprocess") from exc
+        return cls(**values)
+
+    def tokenizer_file(self, data_dir: str | Path, side: str) -> Path:
+        """Path of the SentencePiece model for side "src" or "tgt"."""
+        return Path(data_dir) / self.tokenizers[side]["file"]
+
+
+def split_prefix(data_dir: str | Path, split: str, lang: str) -> Path:
+    """`<data_dir>/<split>.<lang>`: add .bin / .idx, or hand it to TokenArray."""
+    return Path(data_dir) / f"{split}.{lang}"
+
+
+def load_meta(data_dir: str | Path) -> DataMeta:
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        why = "no such directory" if not Path(data_dir).is_dir() else f"no {META_FILE}"
+        raise NmtError(f"{data_dir}: not an nmt data dir ({why}); build it with nmt-preprocess")
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NmtError(f"{path}: unreadable ({exc}); "
+                       "rebuild the data dir with nmt-preprocess") from exc
+    if not isinstance(d, dict) or d.get("format_version") != FORMAT_VERSION:
+        found = d.get("format_version") if isinstance(d, dict) else None
+        raise NmtError(f"{path}: format_version {found!r}, this nmt reads {FORMAT_VERSION}; "
+                       "rebuild the data dir with this nmt's nmt-preprocess")
+    return DataMeta.from_dict(d, str(path))
+
+
+def write_meta(data_dir: str | Path, meta: DataMeta) -> None:
+    """Write meta.json durably (temp file, fsync, rename): the data dir's completion mark."""
+    path = Path(data_dir) / META_FILE
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(meta.to_dict(), f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

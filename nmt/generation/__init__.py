@@ -1,0 +1,1 @@
+"""Translation: beam search, sampling and the generator that drives the model."""

@@ -1,0 +1,259 @@
+"""SequenceGenerator: batched beam search (or sampling) driving the incremental decoder.
+
+Shape legend: B sentences in the batch, N sentences still being decoded, K beam,
+R = N*K decoder rows, S source length, V target vocabulary, t tokens generated so far.
+
+The source is encoded once and expanded to K rows per sentence; each step feeds only the
+newest token through the decoder (its KV cache holds the rest), scores the candidates with
+search.py, files the ones ending in EOS as finished hypotheses, and reorders the cache by
+the beams that survive. A sentence leaves the batch as soon as it has K finished
+hypotheses (or reached its length limit), so the remaining steps cost less.
+Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from nmt.data.vocab import BOS, EOS, PAD, UNK
+from nmt.generation.config import SearchConfig
+from nmt.generation.search import (
+    NEG_INF,
+    beam_candidates,
+    block_repeated_ngrams,
+    length_penalty,
+    sample_candidates,
+    select_active,
+)
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation of one source sentence."""
+
+    tokens: Tensor  # [T] long: generated target ids, forced prefix included, ending in EOS
+    score: float  # sum(positional_scores) / T**lenpen
+    positional_scores: Tensor  # [T] float: log-probability of each token
+    attention: Tensor | None  # [T,S] float: the chosen layer's attention, when requested
+
+
+class _Member:
+    """One model of the ensemble with its encoder output and decoder cache."""
+
+    def __init__(self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor, use_cache: bool):
+        self.model = model
+        self.enc = model.encode(src_tokens).reorder(expand)  # rows: sentence b -> K rows
+        self.cache = model.new_cache() if use_cache else None
+
+    def step(self, tokens: Tensor, attn_layer: int | None) -> tuple[Tensor, Tensor | None]:
+        """tokens [R,1+t] decoder input so far -> (logits [R,V], attn [R,S] | None)."""
+        if self.cache is not None:
+            logits, attn = self.model.decode(tokens[:, -1:], self.enc, self.cache, attn_layer)
+        else:  # the uncached baseline: the whole prefix again
+            logits, attn = self.model.decode(tokens, self.enc, None, attn_layer)
+        return logits[:, -1], None if attn is None else attn[:, -1]
+
+    def reorder(self, order: Tensor, same_sentences: bool) -> None:
+        """Rows become old rows `order`; same_sentences: no sentence left the batch."""
+        if self.cache is not None:
+            # The cache holds the encoder keys/values; `enc` is not read after step 0.
+            self.cache.reorder(order, keep_encoder=same_sentences)
+        elif not same_sentences:
+            self.enc = self.enc.reorder(order)
+
+
+class SequenceGenerator:
+    """Translate batches of source token ids with one model or an ensemble.
+
+    Ensemble members must share the target vocabulary; their log-probabilities are
+    averaged. Models must be in eval mode; autocast (bf16/fp16) is the caller's context.
+    """
+
+    def __init__(self, models: Sequence[torch.nn.Module], search: SearchConfig,
+                 attn_layer: int | None = None):
+        search.validate()
+        self.models = list(models)
+        self.search = search
+        self.attn_layer = attn_layer
+        self.beam = search.beam
+        # Longest output: the decoder input at the last step (max_len + 1 tokens) must fit.
+        self.max_positions = min(m.cfg.max_target_positions for m in self.models) - 1
+        self.rng: torch.Generator | None = None
+        if search.sampling:
+            device = next(self.models[0].parameters()).device
+            self.rng = torch.Generator(device=device)
+            self.rng.manual_seed(search.seed)
+
+    def max_lengths(self, src_lengths: Tensor) -> Tensor:
+        """Per-sentence output limit (tokens before EOS): a*src_len + b, capped."""
+        s = self.search
+        limit = (s.max_len_a * src_lengths.double() + s.max_len_b).floor().long()
+        return limit.clamp(min=1, max=self.max_positions)
+
+    def _lprobs(self, members: list[_Member], tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Next-token log-probs [R,V] (ensemble mean) and attention [R,S] | None."""
+        lprobs, attn = [], []
+        for m in members:
+            logits, a = m.step(tokens, self.attn_layer)
+            lprobs.append(torch.log_softmax(logits.float() / self.search.temperature, dim=-1))
+            if a is not None:
+                attn.append(a)
+        lp = lprobs[0] if len(lprobs) == 1 else torch.stack(lprobs).mean(0)
+        at = None if not attn else attn[0] if len(attn) == 1 else torch.stack(attn).mean(0)
+        return lp, at
+
+    @torch.inference_mode()
+    def generate(self, src_tokens: Tensor, prefix_tokens: Tensor | None = None) -> list[list[Hypothesis]]:
+        """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
+        (right-padded with PAD) to force at the start of each output. Returns, per
+        sentence, up to nbest hypotheses, best first."""
+        s, k = self.search, self.beam
+        device = src_tokens.device
+        bsz, src_len = src_tokens.shape
+        max_lens = self.max_lengths(src_tokens.ne(PAD).sum(1))  # [B]
+        longest = int(max_lens.max())
+        expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
+        members = [_Member(m, src_tokens, expand, s.use_cache) for m in self.models]
+        want_attn = self.attn_layer is not None
+
+        # Finished hypotheses, K slots per sentence, filled in rank order.
+        fin_tokens = torch.full((bsz, k, longest + 1), PAD, dtype=torch.long, device=device)
+        fin_pos = torch.zeros(bsz, k, longest + 1, device=device)
+        fin_scores = torch.full((bsz, k), NEG_INF, device=device)
+        fin_len = torch.zeros(bsz, k, dtype=torch.long, device=device)
+        fin_count = torch.zeros(bsz, dtype=torch.long, device=device)
+        fin_attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
+
+        # Active state: rows are sentence-major (row = n*K + beam).
+        sent = torch.arange(bsz, device=device)  # [N] original index of each active sentence
+        tokens = torch.full((bsz * k, 1), EOS, dtype=torch.long, device=device)  # [R,1+t]
+        pos_scores = torch.zeros(bsz * k, 0, device=device)  # [R,t]
+        attn_hist = torch.zeros(bsz * k, 0, src_len, device=device) if want_attn else None
+        scores = torch.zeros(bsz, k, device=device)  # [N,K] cumulative log-probs
+        if not s.sampling:
+            # All K start states are the same; extending only the first avoids K copies.
+            scores[:, 1:] = NEG_INF
+        prefix = prefix_tokens
+        if prefix is not None and (prefix.eq(EOS) | prefix.eq(BOS)).any():
+            raise ValueError("prefix_tokens must not contain EOS or BOS")
+        row_max = max_lens.repeat_interleave(k)  # [R]
+        min_row_max = int(max_lens.min())
+
+        for step in range(longest + 1):
+            n = sent.numel()
+            lp, step_attn = self._lprobs(members, tokens)  # [R,V], [R,S] | None
+            forced = self._forced_tokens(step, prefix, row_max, min_row_max)  # [R] | None
+            forced_lp = None if forced is None else lp.gather(1, forced.clamp(min=0).unsqueeze(1))
+            lp[:, (PAD, BOS)] = NEG_INF  # never generated
+            if s.unkpen:
+                lp[:, UNK] -= s.unkpen
+            if step < s.min_len:
+                lp[:, EOS] = NEG_INF
+            if s.no_repeat_ngram_size:
+                block_repeated_ngrams(tokens[:, 1:], lp, s.no_repeat_ngram_size)
+            if forced is not None:
+                # Forced rows may only produce their token, at the model's own log-prob.
+                only = torch.full_like(lp, NEG_INF).scatter_(1, forced.clamp(min=0).unsqueeze(1),
+                                                             forced_lp)
+                lp = torch.where(forced.ge(0).unsqueeze(1), only, lp)
+
+            lp3 = lp.view(n, k, -1)  # [N,K,V]
+            if s.sampling:
+                cand = sample_candidates(lp3, scores, s.sampling_topk, s.sampling_topp, self.rng)
+            else:
+                cand = beam_candidates(lp3, scores)
+            cand_scores, cand_tokens, cand_origins = cand  # [N,C]
+            cand_lp = lp.view(n, -1).gather(1, cand_origins * lp3.size(2) + cand_tokens)  # [N,C]
+            is_eos = cand_tokens.eq(EOS)
+            # Only EOS candidates among the top K finish a hypothesis (fairseq).
+            finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
+            if bool(finishing.any()):
+                slot = fin_count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
+                ni, ci = (finishing & slot.lt(k)).nonzero(as_tuple=True)
+                rows = ni * k + cand_origins[ni, ci]
+                sid, sl = sent[ni], slot[ni, ci]
+                fin_tokens[sid, sl, :step] = tokens[rows, 1:]
+                fin_tokens[sid, sl, step] = EOS
+                fin_pos[sid, sl, :step] = pos_scores[rows]
+                fin_pos[sid, sl, step] = cand_lp[ni, ci]
+                fin_scores[sid, sl] = cand_scores[ni, ci] / length_penalty(step + 1, s.lenpen)
+                fin_len[sid, sl] = step + 1
+                fin_count.index_add_(0, sid, torch.ones_like(sid))
+                if want_attn:
+                    fin_attn[sid, sl, :step] = attn_hist[rows]
+                    fin_attn[sid, sl, step] = step_attn[rows]
+
+            pick, scores = select_active(cand_scores, is_eos, k)  # [N,K]
+            act_tokens, act_origins = cand_tokens.gather(1, pick), cand_origins.gather(1, pick)
+            act_lp = cand_lp.gather(1, pick)
+            done = fin_count[sent].ge(k) | max_lens.le(step)  # [N]
+            same_sentences = not bool(done.any())
+            if same_sentences:
+                kept = torch.arange(n, device=device)
+            else:  # finished sentences leave the batch
+                kept = (~done).nonzero().squeeze(1)  # [N']
+                if kept.numel() == 0:
+                    break
+                sent, max_lens = sent[kept], max_lens[kept]
+                row_max = row_max.view(n, k)[kept].view(-1)
+                scores, act_tokens, act_origins, act_lp = (
+                    t[kept] for t in (scores, act_tokens, act_origins, act_lp))
+                prefix = None if prefix is None else prefix[kept]
+                min_row_max = int(max_lens.min())
+            order = (kept.unsqueeze(1) * k + act_origins).view(-1)  # [R'] rows they extend
+            for m in members:
+                m.reorder(order, same_sentences)
+            tokens = torch.cat([tokens[order], act_tokens.view(-1, 1)], dim=1)
+            pos_scores = torch.cat([pos_scores[order], act_lp.view(-1, 1)], dim=1)
+            if want_attn:
+                attn_hist = torch.cat([attn_hist, step_attn.unsqueeze(1)], dim=1)[order]
+
+        return self._collect(fin_tokens, fin_pos, fin_scores, fin_len, fin_count, fin_attn)
+
+    def _forced_tokens(self, step: int, prefix: Tensor | None, row_max: Tensor,
+                       min_row_max: int) -> Tensor | None:
+        """The token each row must produce at this step [R] (-1 = free), or None.
+
+        A prefix token is forced while the prefix lasts; EOS once a row reaches its length
+        limit (that wins over the prefix)."""
+        k = self.beam
+        forced = None
+        if prefix is not None and step < prefix.size(1):
+            col = prefix[:, step].repeat_interleave(k)  # [R]
+            forced = torch.where(col.eq(PAD), -1, col)
+        if step >= min_row_max:
+            at_limit = row_max.le(step)
+            free = torch.full_like(row_max, -1) if forced is None else forced
+            forced = torch.where(at_limit, EOS, free)
+        return forced
+
+    def _collect(self, fin_tokens: Tensor, fin_pos: Tensor, fin_scores: Tensor, fin_len: Tensor,
+                 fin_count: Tensor, fin_attn: Tensor | None) -> list[list[Hypothesis]]:
+        """Per sentence, its nbest finished hypotheses, best first (on the CPU)."""
+        order = fin_scores.argsort(dim=1, descending=True, stable=True)[:, : self.search.nbest]
+        ranked = [t.gather(1, order).cpu() for t in (fin_scores, fin_len)]
+        scores, lengths = (r.tolist() for r in ranked)
+        counts = fin_count.tolist()
+        tokens, pos = fin_tokens.cpu(), fin_pos.cpu()
+        attn = None if fin_attn is None else fin_attn.cpu()
+        out = []
+        for b, picks in enumerate(order.cpu().tolist()):
+            if counts[b] == 0:  # every path was forbidden (e.g. n-gram blocking): say nothing
+                empty = torch.tensor([EOS])
+                out.append([Hypothesis(empty, NEG_INF, torch.full((1,), NEG_INF),
+                                       None if attn is None else attn[b, 0, :1])])
+                continue
+            hyps = []
+            for rank, j in enumerate(picks[: counts[b]]):
+                length = lengths[b][rank]
+                hyps.append(Hypothesis(
+                    tokens=tokens[b, j, :length], score=scores[b][rank],
+                    positional_scores=pos[b, j, :length],
+                    attention=None if attn is None else attn[b, j, :length]))
+            out.append(hyps)
+        return out

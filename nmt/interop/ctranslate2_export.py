@@ -1,0 +1,229 @@
+"""Export an nmt Transformer to a CTranslate2 model directory (ctranslate2's spec API).
+
+nmt's parameter names and semantics are fairseq's, so the mapping is the one CTranslate2
+uses for fairseq transformers: q/k/v projections fused into one linear for self-attention,
+k/v fused for encoder-decoder attention, position tables written out explicitly (rows
+from padding_idx + 1 on, fairseq's layout), the embedding scale written as a number.
+Vocabularies are the SentencePiece pieces in id order (a piece's id is its nmt id), the
+special tokens are nmt's (<s> <unk> </s>), the decoder starts with </s> and the source
+gets </s> appended, as in nmt. The SentencePiece model(s) are copied next to the
+weights, so the directory is all a CTranslate2 user needs.
+
+`ctranslate2` is an optional dependency (`pip install nmt[export]`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from nmt.data.vocab import BOS, EOS, PAD, UNK
+from nmt.errors import NmtError
+from nmt.interop.config import QUANTIZATIONS
+
+DECODER_START = EOS  # nmt's decoder input starts with </s>, as fairseq's
+
+
+def require_ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError as exc:
+        raise NmtError("ctranslate2 is not installed; install it with `pip install "
+                       "'nmt[export]'` (or `pip install ctranslate2`)") from exc
+    return ctranslate2
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32).cpu().numpy().copy()
+
+
+def _linear(spec: Any, layer: nn.Linear) -> None:
+    spec.weight = _np(layer.weight)
+    if layer.bias is not None:
+        spec.bias = _np(layer.bias)
+
+
+def _fused(spec: Any, layers: list[nn.Linear]) -> None:
+    """One linear computing several: weights stacked on the output axis [sum(out), in]."""
+    spec.weight = np.concatenate([_np(x.weight) for x in layers])
+    spec.bias = np.concatenate([_np(x.bias) for x in layers])
+
+
+def _layer_norm(spec: Any, norm: nn.LayerNorm) -> None:
+    spec.gamma = _np(norm.weight)
+    spec.beta = _np(norm.bias)
+
+
+def _attention(spec: Any, attn: nn.Module, self_attention: bool) -> None:
+    if self_attention:
+        _fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    else:
+        _linear(spec.linear[0], attn.q_proj)
+        _fused(spec.linear[1], [attn.k_proj, attn.v_proj])
+    _linear(spec.linear[-1], attn.out_proj)
+
+
+def _ffn(spec: Any, layer: nn.Module) -> None:
+    _layer_norm(spec.layer_norm, layer.final_layer_norm)
+    _linear(spec.linear_0, layer.fc1)
+    _linear(spec.linear_1, layer.fc2)
+
+
+def _position_table(module: nn.Module) -> np.ndarray:
+    """Rows for positions 0.. (fairseq's table without its padding_idx + 1 unused rows)."""
+    table = module.weight if isinstance(module, nn.Embedding) else module.weights  # [N, D]
+    return _np(table[module.padding_idx + 1:])
+
+
+def _inputs(spec: Any, side: nn.Module, embed_scale: float) -> None:
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _np(side.embed_tokens.weight)
+    spec.scale_embeddings = float(embed_scale)  # a number: sqrt(D), or 1.0 without scaling
+    spec.position_encodings.encodings = _position_table(side.embed_positions)
+    if side.layernorm_embedding is not None:
+        _layer_norm(spec.layernorm_embedding, side.layernorm_embedding)
+    if side.layer_norm is not None:
+        _layer_norm(spec.layer_norm, side.layer_norm)
+
+
+def build_spec(model: nn.Module, model_config: Any, src_pieces: list[str],
+               tgt_pieces: list[str]) -> Any:
+    """A ctranslate2 TransformerSpec holding the model's weights and vocabularies."""
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model_config
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.attention_heads,
+        pre_norm=cfg.normalize_before, activation=activation[cfg.activation_fn],
+        layernorm_embedding=cfg.layernorm_embedding)
+    scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
+    encoder, decoder = model.encoder, model.decoder
+    _inputs(spec.encoder, encoder, scale)
+    for layer_spec, layer in zip(spec.encoder.layer, encoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        _ffn(layer_spec.ffn, layer)
+    _inputs(spec.decoder, decoder, scale)
+    _linear(spec.decoder.projection, decoder.output_projection)
+    for layer_spec, layer in zip(spec.decoder.layer, decoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        _attention(layer_spec.attention, layer.encoder_attn, self_attention=False)
+        _layer_norm(layer_spec.attention.layer_norm, layer.encoder_attn_layer_norm)
+        _ffn(layer_spec.ffn, layer)
+
+    spec.register_source_vocabulary(list(src_pieces))
+    spec.register_target_vocabulary(list(tgt_pieces))
+    config = spec.config
+    config.unk_token, config.bos_token, config.eos_token = (
+        tgt_pieces[UNK], tgt_pieces[BOS], tgt_pieces[EOS])
+    config.decoder_start_token = tgt_pieces[DECODER_START]
+    config.add_source_bos = False
+    config.add_source_eos = True  # nmt's sources end with </s>
+    config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's default, which nmt uses
+    return spec
+
+
+def spm_pieces(model_bytes: bytes) -> list[str]:
+    """A SentencePiece model's pieces in id order; its special ids must be nmt's."""
+    import sentencepiece as spm
+
+    proc = spm.SentencePieceProcessor(model_proto=model_bytes)
+    pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
+    if len(set(pieces)) != len(pieces):
+        raise NmtError("checkpoint tokenizer: duplicate SentencePiece pieces; CTranslate2 "
+                       "needs one string per id")
+    ids = (proc.bos_id(), proc.pad_id(), proc.eos_id(), proc.unk_id())
+    if ids != (BOS, PAD, EOS, UNK):
+        raise NmtError(f"checkpoint tokenizer: special ids (bos, pad, eos, unk) = {ids}, not "
+                       f"nmt's {(BOS, PAD, EOS, UNK)}; re-run nmt-preprocess")
+    return pieces
+
+
+def export_ctranslate2(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
+                       quantization: str = "none", overwrite: bool = False) -> dict[str, Any]:
+    """Write a CTranslate2 model directory; returns what was written (for the summary).
+
+    The directory is assembled under a temporary name beside `output_dir` and renamed
+    into place, so an interrupted export never leaves a half-written model.
+    """
+    require_ctranslate2()
+    if quantization not in QUANTIZATIONS:
+        raise NmtError(f"quantization: {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not overwrite:
+        raise NmtError(f"output_dir: {output_dir} already exists; choose another path or pass "
+                       "overwrite=true")
+    from nmt.checkpoint import load_for_inference
+
+    bundle = load_for_inference(checkpoint, "cpu")
+    src_pieces = spm_pieces(bundle.src_tokenizer.model_bytes)
+    tgt_pieces = spm_pieces(bundle.tgt_tokenizer.model_bytes)
+    if len(src_pieces) != bundle.data["src_vocab_size"] or len(tgt_pieces) != bundle.data["tgt_vocab_size"]:
+        raise NmtError(f"{checkpoint}: tokenizer sizes ({len(src_pieces)}, {len(tgt_pieces)}) differ "
+                       "from the model's vocabulary sizes; the checkpoint is inconsistent")
+    with torch.no_grad():
+        spec = build_spec(bundle.model, bundle.model_config, src_pieces, tgt_pieces)
+    try:
+        spec.validate()
+        spec.optimize(quantization=None if quantization == "none" else quantization)
+    except ValueError as exc:  # ctranslate2 reports spec problems as ValueError
+        raise NmtError(f"{checkpoint}: CTranslate2 rejected the model: {exc}") from exc
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        spec.save(str(tmp))
+        data = bundle.data
+        spm_files = _write_tokenizers(tmp, bundle, data)
+        info = {"exported_from": str(checkpoint), "quantization": quantization,
+                "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
+                "spm": spm_files, "special_ids": data.get("special_ids"),
+                "normalization": data.get("normalization"),
+                "model_config": {k: getattr(bundle.model_config, k) for k in
+                                 ("embed_dim", "encoder_layers", "decoder_layers",
+                                  "normalize_before", "max_source_positions",
+                                  "max_target_positions")}}
+        (tmp / "nmt_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        _replace_dir(tmp, output_dir)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise NmtError(f"output_dir: could not write {output_dir} ({exc.strerror or exc})") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def _write_tokenizers(directory: Path, bundle: Any, data: dict[str, Any]) -> dict[str, str]:
+    src, tgt = bundle.src_tokenizer.model_bytes, bundle.tgt_tokenizer.model_bytes
+    if src == tgt:
+        (directory / "spm.model").write_bytes(src)
+        return {"src": "spm.model", "tgt": "spm.model"}
+    names = {"src": f"spm.{data.get('src_lang', 'src')}.model",
+             "tgt": f"spm.{data.get('tgt_lang', 'tgt')}.model"}
+    (directory / names["src"]).write_bytes(src)
+    (directory / names["tgt"]).write_bytes(tgt)
+    return names
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Rename tmp to target; an existing target is moved aside first, then deleted."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

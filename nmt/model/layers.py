@@ -1,0 +1,245 @@
+"""Transformer building blocks with fairseq's semantics and parameter names.
+
+Shape legend (batch-first everywhere):
+    B batch, S source length, T target length (new tokens only when decoding with a cache),
+    K key length (S for encoder-decoder attention, cached prefix + T for decoder
+    self-attention), D embed_dim, H attention heads, Dh = D // H head width.
+
+Attention masks follow torch's scaled_dot_product_attention: a boolean mask is True
+where a query may attend; `None` means attend everywhere, which lets SDPA use its fused
+kernels without materialising a mask.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.errors import NmtError
+
+if TYPE_CHECKING:
+    from nmt.model.cache import DecoderCache
+
+
+def sinusoidal_table(num_embeddings: int, embedding_dim: int, padding_idx: int) -> Tensor:
+    """fairseq's SinusoidalPositionalEmbedding table [num_embeddings, D].
+
+    Row p holds sin(p * w_i) in its first half and cos(p * w_i) in its second half, with
+    w_i = exp(-i * ln(10000) / (D/2 - 1)); an odd D gets a zero last column and the
+    padding row is zero. Real tokens use rows padding_idx + 1, padding_idx + 2, ...
+    """
+    half_dim = embedding_dim // 2
+    step = math.log(10000) / (half_dim - 1)
+    freqs = torch.exp(torch.arange(half_dim, dtype=torch.float) * -step)  # [D/2]
+    angles = torch.arange(num_embeddings, dtype=torch.float).unsqueeze(1) * freqs.unsqueeze(0)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # [N, 2 * (D/2)]
+    if embedding_dim % 2 == 1:
+        table = torch.cat([table, torch.zeros(num_embeddings, 1)], dim=1)
+    table[padding_idx, :] = 0
+    return table
+
+
+class SinusoidalPositionalEmbedding(nn.Module):
+    """Fixed positions; `forward(start, length)` gives rows for positions start.. of a
+    right-padded batch, numerically equal to fairseq's at every non-pad position."""
+
+    def __init__(self, embedding_dim: int, padding_idx: int, max_positions: int):
+        super().__init__()
+        self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        # Not persistent: it is a function of the config, so checkpoints need not carry it.
+        self.register_buffer(
+            "weights", sinusoidal_table(max_positions + padding_idx + 1, embedding_dim, padding_idx),
+            persistent=False,
+        )
+
+    def forward(self, start: int, length: int) -> Tensor:
+        first = self.padding_idx + 1 + start
+        end = first + length
+        table = self.weights
+        if end > table.size(0):  # longer than configured: extend on the fly, as fairseq does
+            table = sinusoidal_table(end, self.embedding_dim, self.padding_idx).to(table)
+        return table[first:end]  # [T, D]
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """Learned positions laid out as fairseq's (rows 0..padding_idx unused by real tokens)."""
+
+    def __init__(self, embedding_dim: int, padding_idx: int, max_positions: int, config_key: str):
+        super().__init__(max_positions + padding_idx + 1, embedding_dim, padding_idx=padding_idx)
+        self.max_positions = max_positions
+        self.config_key = config_key  # named in the error for a too-long input
+        nn.init.normal_(self.weight, mean=0.0, std=embedding_dim ** -0.5)
+        nn.init.zeros_(self.weight[padding_idx])
+
+    def forward(self, start: int, length: int) -> Tensor:  # type: ignore[override]
+        if start + length > self.max_positions:
+            raise NmtError(f"{self.config_key}: a sequence of {start + length} tokens exceeds "
+                           f"the model's {self.max_positions} learned positions; shorten or "
+                           "filter the input")
+        first = self.padding_idx + 1 + start
+        return self.weight[first:first + length]  # [T, D]
+
+
+def token_embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
+    """Token embeddings initialised as fairseq's: N(0, D^-0.5), pad row zero."""
+    emb = nn.Embedding(num_embeddings, embedding_dim, padding_idx=padding_idx)
+    nn.init.normal_(emb.weight, mean=0.0, std=embedding_dim ** -0.5)
+    nn.init.zeros_(emb.weight[padding_idx])
+    return emb
+
+
+def xavier_linear(in_features: int, out_features: int) -> nn.Linear:
+    """fairseq's `Linear` helper: Xavier-uniform weight, zero bias."""
+    layer = nn.Linear(in_features, out_features)
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    return F.gelu if name == "gelu" else F.relu
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head attention on F.scaled_dot_product_attention.
+
+    Keys and values are projected separately (`project_kv`) so that callers can cache
+    them: the decoder appends self-attention keys per step and computes the encoder's
+    once per source.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # fairseq's init: scaled Xavier for q/k/v (their biases keep torch's default).
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # [B,H,L,Dh]
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of x [B,K,D] as [B,H,K,Dh] each."""
+        return self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
+                is_causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """query [B,T,D] attends to key/value [B,H,K,Dh] -> ([B,T,D], weights [B,T,K] | None).
+
+        `mask` is boolean, True = may attend, broadcastable to [B,H,T,K]. The weights are
+        averaged over heads and computed only when asked for, on a separate path.
+        """
+        batch, length, dim = query.shape
+        q = self._heads(self.q_proj(query))  # [B,H,T,Dh]
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = self._attend_with_weights(q, key, value, mask, is_causal, p)
+        else:
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=p,
+                                                 is_causal=is_causal)
+            weights = None
+        out = out.transpose(1, 2).reshape(batch, length, dim)  # [B,H,T,Dh] -> [B,T,D]
+        return self.out_proj(out), weights
+
+    def _attend_with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                             is_causal: bool, p: float) -> tuple[Tensor, Tensor]:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self.head_dim ** -0.5  # [B,H,T,K]
+        if is_causal:
+            t, k_len = scores.shape[-2:]
+            causal = torch.ones(t, k_len, dtype=torch.bool, device=q.device).tril()
+            mask = causal if mask is None else mask & causal
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1)  # float, so that weights sum to 1
+        out = torch.matmul(F.dropout(probs.to(q.dtype), p, training=p > 0), v)  # [B,H,T,Dh]
+        return out, probs.mean(dim=1)  # weights averaged over heads: [B,T,K]
+
+
+class _Layer(nn.Module):
+    """What encoder and decoder layers share: self-attention and the FFN sub-layer."""
+
+    def __init__(self, embed_dim: int, ffn_dim: int, heads: int, dropout: float,
+                 attention_dropout: float, activation_dropout: float, activation_fn: str,
+                 normalize_before: bool):
+        super().__init__()
+        self.normalize_before = normalize_before
+        self.dropout = dropout
+        self.activation_dropout = activation_dropout
+        self.activation_fn = activation(activation_fn)
+        self.self_attn = MultiheadAttention(embed_dim, heads, attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
+        self.fc1 = xavier_linear(embed_dim, ffn_dim)
+        self.fc2 = xavier_linear(ffn_dim, embed_dim)
+        self.final_layer_norm = nn.LayerNorm(embed_dim)
+
+    def residual(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
+        """Dropout, residual add, and (post-norm only) the sub-layer's LayerNorm."""
+        x = x + F.dropout(sublayer_out, self.dropout, self.training)
+        return x if self.normalize_before else norm(x)
+
+    def pre_norm(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.normalize_before else x
+
+    def ffn(self, x: Tensor) -> Tensor:
+        """The position-wise FFN sub-layer, residual and norm included: [B,L,D] -> [B,L,D]."""
+        h = self.activation_fn(self.fc1(self.pre_norm(x, self.final_layer_norm)))  # [B,L,F]
+        h = F.dropout(h, self.activation_dropout, self.training)
+        return self.residual(x, self.fc2(h), self.final_layer_norm)
+
+
+class TransformerEncoderLayer(_Layer):
+    """Self-attention over the source, then the FFN."""
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x [B,S,D], mask [B,1,1,S] (True = real token) or None -> [B,S,D]."""
+        h = self.pre_norm(x, self.self_attn_layer_norm)
+        k, v = self.self_attn.project_kv(h)
+        h, _ = self.self_attn(h, k, v, mask)
+        x = self.residual(x, h, self.self_attn_layer_norm)
+        return self.ffn(x)
+
+
+class TransformerDecoderLayer(_Layer):
+    """Causal self-attention, encoder-decoder attention, then the FFN."""
+
+    def __init__(self, embed_dim: int, ffn_dim: int, heads: int, dropout: float,
+                 attention_dropout: float, activation_dropout: float, activation_fn: str,
+                 normalize_before: bool):
+        super().__init__(embed_dim, ffn_dim, heads, dropout, attention_dropout,
+                         activation_dropout, activation_fn, normalize_before)
+        self.encoder_attn = MultiheadAttention(embed_dim, heads, attention_dropout)
+        self.encoder_attn_layer_norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: Tensor, self_mask: Tensor | None, causal: bool, enc_k: Tensor,
+                enc_v: Tensor, enc_mask: Tensor | None, cache: DecoderCache | None = None,
+                layer_idx: int = 0, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x [B,T,D] -> ([B,T,D], encoder attention [B,T,S] averaged over heads | None).
+
+        `enc_k`/`enc_v` [B,H,S,Dh] are the projected encoder states. With a cache, this
+        step's self-attention keys/values are appended to the cached prefix's.
+        """
+        h = self.pre_norm(x, self.self_attn_layer_norm)
+        k, v = self.self_attn.project_kv(h)  # [B,H,T,Dh]
+        if cache is not None:
+            k, v = cache.append(layer_idx, k, v)  # [B,H,prefix+T,Dh]
+        h, _ = self.self_attn(h, k, v, self_mask, is_causal=causal)
+        x = self.residual(x, h, self.self_attn_layer_norm)
+
+        h = self.pre_norm(x, self.encoder_attn_layer_norm)
+        h, attn = self.encoder_attn(h, enc_k, enc_v, enc_mask, need_weights=need_attn)
+        x = self.residual(x, h, self.encoder_attn_layer_norm)
+        return self.ffn(x), attn

@@ -1,0 +1,218 @@
+"""The encoder-decoder Transformer with fairseq TransformerModel's semantics.
+
+Shape legend: B batch, S source length, T target length (only the new tokens when
+decoding with a cache), D embed_dim, V target vocabulary size.
+
+Parameter names follow fairseq's (`encoder.layers.0.self_attn.q_proj.weight`,
+`decoder.output_projection.weight`, ...), so a fairseq checkpoint converts by renaming
+little or nothing. Batches are right-padded: token t of every row sits at position t.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from nmt.data.vocab import PAD
+from nmt.errors import NmtError
+from nmt.model.cache import DecoderCache
+from nmt.model.config import ModelConfig
+from nmt.model.layers import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEmbedding,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+    token_embedding,
+)
+
+
+class EncoderOut(NamedTuple):
+    """What the decoder reads from the encoder."""
+
+    out: Tensor  # [B,S,D] final encoder states
+    padding_mask: Tensor  # [B,S] bool, True = pad
+
+    def reorder(self, index: Tensor) -> EncoderOut:
+        """Rows index[i] of both tensors (index [B'] long), e.g. to expand to beams."""
+        return EncoderOut(self.out[index], self.padding_mask[index])  # see DecoderCache.reorder
+
+
+def attend_mask(padding_mask: Tensor) -> Tensor | None:
+    """[B,S] pad mask -> SDPA mask [B,1,1,S] (True = attend), or None without padding.
+
+    Dropping the mask lets SDPA pick its fastest kernel. The check reads the data, so it
+    is skipped under torch.compile, where a branch on data would break the graph.
+    """
+    if not torch.compiler.is_compiling() and not bool(padding_mask.any()):
+        return None
+    return ~padding_mask[:, None, None, :]
+
+
+def _positions(cfg: ModelConfig, pad_id: int, max_positions: int, key: str) -> nn.Module:
+    if cfg.learned_pos:
+        return LearnedPositionalEmbedding(cfg.embed_dim, pad_id, max_positions, key)
+    return SinusoidalPositionalEmbedding(cfg.embed_dim, pad_id, max_positions)
+
+
+def _layer_args(cfg: ModelConfig) -> dict:
+    return dict(embed_dim=cfg.embed_dim, ffn_dim=cfg.ffn_dim, heads=cfg.attention_heads,
+                dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+                activation_dropout=cfg.activation_dropout, activation_fn=cfg.activation_fn,
+                normalize_before=cfg.normalize_before)
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, pad_id: int):
+        super().__init__()
+        self.pad_id = pad_id
+        self.dropout = cfg.dropout
+        self.embed_scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = _positions(cfg, pad_id, cfg.max_source_positions,
+                                          "model.max_source_positions")
+        self.layernorm_embedding = nn.LayerNorm(cfg.embed_dim) if cfg.layernorm_embedding else None
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(**_layer_args(cfg)) for _ in range(cfg.encoder_layers))
+        self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
+
+    def forward(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens [B,S] (right-padded) -> EncoderOut."""
+        padding_mask = src_tokens.eq(self.pad_id)  # [B,S]
+        x = self.embed_scale * self.embed_tokens(src_tokens)  # [B,S,D]
+        x = x + self.embed_positions(0, src_tokens.size(1))  # [S,D] broadcast over B
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = nn.functional.dropout(x, self.dropout, self.training)
+        mask = attend_mask(padding_mask)
+        for layer in self.layers:
+            x = layer(x, mask)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return EncoderOut(x, padding_mask)
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, pad_id: int):
+        super().__init__()
+        self.dropout = cfg.dropout
+        self.embed_scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = _positions(cfg, pad_id, cfg.max_target_positions,
+                                          "model.max_target_positions")
+        self.layernorm_embedding = nn.LayerNorm(cfg.embed_dim) if cfg.layernorm_embedding else None
+        self.layers = nn.ModuleList(
+            TransformerDecoderLayer(**_layer_args(cfg)) for _ in range(cfg.decoder_layers))
+        self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
+        vocab_size, dim = embed_tokens.weight.shape
+        self.output_projection = nn.Linear(dim, vocab_size, bias=False)
+        if cfg.shares_output_embed:
+            self.output_projection.weight = embed_tokens.weight
+        else:
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim ** -0.5)
+
+    def forward(self, prev_tokens: Tensor, enc: EncoderOut, cache: DecoderCache | None = None,
+                attn_layer: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """See `Transformer.decode`."""
+        start = 0 if cache is None else cache.length
+        length = prev_tokens.size(1)
+        x = self.embed_scale * self.embed_tokens(prev_tokens)  # [B,T,D]
+        x = x + self.embed_positions(start, length)  # [T,D] broadcast over B
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = nn.functional.dropout(x, self.dropout, self.training)
+
+        self_mask, causal = self._self_attn_mask(start, length, x.device)
+        if cache is None:
+            enc_mask = attend_mask(enc.padding_mask)
+        else:
+            if not cache.has_encoder_kv:
+                cache.enc_mask = attend_mask(enc.padding_mask)
+            enc_mask = cache.enc_mask
+        want = self._attn_layer_index(attn_layer)
+
+        attn = None
+        for i, layer in enumerate(self.layers):
+            if cache is not None and cache.has_encoder_kv:
+                enc_k, enc_v = cache.encoder_kv(i)
+            else:
+                enc_k, enc_v = layer.encoder_attn.project_kv(enc.out)  # [B,H,S,Dh] each
+                if cache is not None:
+                    cache.set_encoder_kv(i, enc_k, enc_v)
+            x, layer_attn = layer(x, self_mask, causal, enc_k, enc_v, enc_mask, cache, i,
+                                  need_attn=i == want)
+            if layer_attn is not None:
+                attn = layer_attn.float()
+        if cache is not None:
+            cache.advance(length)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return self.output_projection(x), attn  # [B,T,V], [B,T,S] | None
+
+    @staticmethod
+    def _self_attn_mask(start: int, length: int, device: torch.device) -> tuple[Tensor | None, bool]:
+        """(mask, is_causal) for new queries at positions start.. over keys 0..start+length.
+
+        SDPA's is_causal aligns the mask top-left, right only without a cached prefix; a
+        single new token may see every cached key, so it needs no mask at all.
+        """
+        if start == 0:
+            return None, length > 1
+        if length == 1:
+            return None, False
+        query_pos = torch.arange(start, start + length, device=device)[:, None]  # [T,1]
+        key_pos = torch.arange(start + length, device=device)[None, :]  # [1,K]
+        return key_pos <= query_pos, False  # [T,K]
+
+    def _attn_layer_index(self, attn_layer: int | None) -> int | None:
+        if attn_layer is None:
+            return None
+        n = len(self.layers)
+        if not -n <= attn_layer < n:
+            raise NmtError(f"attention layer {attn_layer}: the decoder has {n} layers; use "
+                           f"0..{n - 1}, or -1 for the last")
+        return attn_layer % n
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (docs/ARCHITECTURE.md, "Model")."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD):
+        super().__init__()
+        cfg.validate(src_vocab_size, tgt_vocab_size, pad_id)
+        self.cfg = cfg
+        self.pad_id = pad_id
+        src_embed = token_embedding(src_vocab_size, cfg.embed_dim, pad_id)
+        tgt_embed = src_embed if cfg.share_all_embeddings else token_embedding(
+            tgt_vocab_size, cfg.embed_dim, pad_id)
+        self.encoder = TransformerEncoder(cfg, src_embed, pad_id)
+        self.decoder = TransformerDecoder(cfg, tgt_embed, pad_id)
+
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens [B,S] right-padded with pad_id -> EncoderOut(out [B,S,D], padding_mask)."""
+        return self.encoder(src_tokens)
+
+    def decode(self, prev_tokens: Tensor, enc: EncoderOut, cache: DecoderCache | None = None,
+               attn_layer: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """prev_tokens [B,T] -> (logits [B,T,V], attn [B,T,S] float or None).
+
+        Without a cache, prev_tokens is the whole decoder input ([EOS] + target[:-1]) and
+        attention is causal. With a cache, prev_tokens holds only the new token(s): their
+        positions continue from `cache.length`, their keys/values are appended, the
+        encoder's keys/values are projected on the first call and reused afterwards (`enc`
+        is not read again), and only the new positions are projected to the vocabulary.
+        `attn_layer` (negative counts from the end) asks for that decoder layer's
+        encoder-decoder attention, averaged over heads.
+        """
+        return self.decoder(prev_tokens, enc, cache, attn_layer)
+
+    def forward(self, src_tokens: Tensor, prev_tokens: Tensor) -> Tensor:
+        """Training: src_tokens [B,S], prev_tokens [B,T] -> logits [B,T,V]."""
+        logits, _ = self.decoder(prev_tokens, self.encoder(src_tokens))
+        return logits
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache for incremental decoding of one batch."""
+        return DecoderCache(len(self.decoder.layers))

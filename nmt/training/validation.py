@@ -1,0 +1,73 @@
+"""Validation: loss over the valid split and BLEU of decoded valid sentences.
+
+Decoding for BLEU goes through `decode_for_validation` only, so the search can be swapped
+(nmt-generate's SequenceGenerator, greedy by default). Each rank decodes its share of the
+sentences; the hypotheses are gathered and scored with sacrebleu (nmt.scoring) on every rank.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Callable
+
+import numpy as np
+import torch
+
+from nmt import distributed
+from nmt.data.batching import fixed_batches
+from nmt.data.collate import Batch, collate
+from nmt.data.dataset import PairDataset
+from nmt.data.vocab import EOS, PAD
+from nmt.generation.config import SearchConfig
+from nmt.generation.generator import SequenceGenerator
+from nmt.scoring import corpus_bleu
+from nmt.training.loss import label_smoothed_nll_loss, per_token_base2, perplexity
+
+
+def decode_for_validation(model: torch.nn.Module, batch: Batch, *, beam: int, len_a: float,
+                          len_b: int) -> list[list[int]]:
+    """The one place validation chooses its search: nmt-generate's beam search (beam 1 =
+    greedy) with fairseq's length limit len_a * source length + len_b. Target ids per
+    sentence, without the final EOS."""
+    generator = SequenceGenerator([model], SearchConfig(beam=beam, max_len_a=len_a, max_len_b=len_b))
+    best = [hyps[0].tokens.tolist() for hyps in generator.generate(batch.src_tokens)]
+    return [[t for t in ids if t != EOS] for ids in best]
+
+
+@torch.no_grad()
+def valid_loss(model: torch.nn.Module, dataset: PairDataset, batches: list[np.ndarray], *,
+               device: torch.device, autocast: Callable[[], AbstractContextManager],
+               label_smoothing: float) -> dict[str, float]:
+    """loss/nll/ppl (base 2, per token) over all ranks' shares of `batches`."""
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, ntokens
+    for idx in batches:
+        batch = collate(idx, dataset.pairs(idx)).to(device)
+        with autocast():
+            logits = model(batch.src_tokens, batch.prev_tokens)
+        out = label_smoothed_nll_loss(logits, batch.target, label_smoothing, PAD)
+        sums += torch.stack([out.loss.double(), out.nll.double(),
+                             torch.tensor(float(batch.ntokens), dtype=torch.float64, device=device)])
+    loss, nll, ntokens = distributed.all_reduce_sum(sums).tolist()
+    nll2 = per_token_base2(nll, int(ntokens))
+    return {"loss": per_token_base2(loss, int(ntokens)), "nll": nll2, "ppl": perplexity(nll2),
+            "ntokens": int(ntokens)}
+
+
+@torch.no_grad()
+def valid_bleu(model: torch.nn.Module, dataset: PairDataset, indices: np.ndarray, tgt_tokenizer, *,
+               device: torch.device, autocast: Callable[[], AbstractContextManager],
+               max_tokens: int, rank: int, world_size: int, beam: int, len_a: float,
+               len_b: int) -> tuple[float, str]:
+    """Corpus BLEU of decoded `indices` against their detokenized targets, and its signature."""
+    batches = fixed_batches(indices, dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens)
+    mine: list[tuple[int, str]] = []
+    for idx in batches[rank::world_size]:
+        batch = collate(idx, dataset.pairs(idx)).to(device)
+        with autocast():
+            hyps = decode_for_validation(model, batch, beam=beam, len_a=len_a, len_b=len_b)
+        mine.extend((int(i), tgt_tokenizer.decode(h)) for i, h in zip(idx, hyps))
+    gathered = sorted(pair for part in distributed.all_gather_objects(mine) for pair in part)
+    hyps = [text for _, text in gathered]
+    refs = [tgt_tokenizer.decode(dataset.tgt[i].tolist()) for i, _ in gathered]
+    result = corpus_bleu(hyps, [refs])
+    return result.score, result.signature

@@ -1,0 +1,71 @@
+"""The checkpoint manager: files written, pruning, links, RNG capture, best tracking."""
+
+import random
+
+import numpy as np
+import torch
+
+from nmt.checkpoint import build_checkpoint, load_checkpoint
+from nmt.training.checkpointing import BestTracker, CheckpointManager, rng_state, set_rng_state
+
+
+def _state(update: int) -> dict:
+    return build_checkpoint(model_state={"w": torch.full((2,), float(update))},
+                            model_config={"embed_dim": 4}, data={"src_lang": "en"},
+                            src_tokenizer=b"spm", tgt_tokenizer=b"spm",
+                            train_state={"num_updates": update, "rng": rng_state()},
+                            config={"seed": 1})
+
+
+def test_numbered_checkpoints_are_pruned_to_keep_last(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=2, keep_best=0, metric="loss", maximize=False)
+    for u in (10, 20, 30):
+        m.save(_state(u), epoch=1, update=u, numbered=True, best_value=None)
+    names = sorted(p.name for p in tmp_path.glob("*.pt"))
+    assert names == ["checkpoint_1_20.pt", "checkpoint_1_30.pt", "checkpoint_last.pt"]
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["num_updates"] == 30
+    assert load_checkpoint(tmp_path / "checkpoint_1_20.pt")["train_state"]["num_updates"] == 20
+
+
+def test_best_files_keep_the_best_k(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=-1, keep_best=2, metric="loss", maximize=False)
+    for u, value in ((1, 5.0), (2, 4.0), (3, 4.5), (4, 3.0)):
+        m.save(_state(u), epoch=1, update=u, numbered=False, best_value=value)
+    kept = [v for v, _ in m.best_k()]
+    assert kept == [3.0, 4.0]
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["train_state"]["num_updates"] == 4
+
+
+def test_a_later_save_does_not_change_linked_files(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=-1, keep_best=0, metric="loss", maximize=False)
+    m.save(_state(1), epoch=1, update=1, numbered=True, best_value=None)
+    m.save(_state(2), epoch=1, update=2, numbered=False, best_value=None)
+    assert load_checkpoint(tmp_path / "checkpoint_1_1.pt")["model"]["w"][0] == 1.0
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["model"]["w"][0] == 2.0
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    m = CheckpointManager(tmp_path, keep_last=1, keep_best=0, metric="loss", maximize=False)
+    m.save(_state(1), epoch=1, update=1, numbered=False, best_value=None)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["rng"])
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0])
+    assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_best_tracker_patience_and_direction():
+    t = BestTracker("loss", maximize=False)
+    assert [t.update(v) for v in (3.0, 2.0, 2.5, 2.1, 1.0)] == [True, True, False, False, True]
+    assert t.bad_validations == 0 and t.best == 1.0
+    t.update(1.5)
+    restored = BestTracker("loss", maximize=False)
+    restored.load_state_dict(t.state_dict())
+    assert restored.best == 1.0 and restored.bad_validations == 1
+    bleu = BestTracker("bleu", maximize=True)
+    assert bleu.update(10.0) and bleu.update(12.0) and not bleu.update(11.0)
+    fresh = BestTracker("bleu", maximize=True)
+    fresh.load_state_dict(t.state_dict())  # another metric: start afresh
+    assert fresh.best is None

@@ -1,0 +1,101 @@
+"""DDP on CPU with gloo: 2 ranks equal 1 rank with update_freq=2; a dead rank is an error.
+
+Each test starts real processes (torchrun, or two ranks by hand), so each takes some
+seconds; both are bounded by subprocess timeouts and never hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from nmt.distributed import DistEnv, env_from_environ
+from nmt.training.trainer import Trainer
+from train_helpers import NO_DROPOUT, last_params, run_training, tiny_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_env_from_environ():
+    assert env_from_environ({}) == DistEnv(0, 1, 0)
+    env = env_from_environ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    assert env.rank == 3 and env.local_rank == 1 and env.is_distributed and not env.is_main
+
+
+def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_path):
+    # 14 updates of 2 batches cross the end of the first epoch; an odd batch count there
+    # gives rank 1 a weight-0 dummy pass, which must not change the update either.
+    worker = tmp_path / "worker.py"
+    worker.write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        from train_helpers import NO_DROPOUT, run_training, tiny_config
+        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / 'ddp')!r}),
+                                 update_freq=1, model=NO_DROPOUT, max_update=14, clip_norm=0.5))
+    """))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", str(worker)], env=_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_training(tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT,
+                             max_update=14, clip_norm=0.5))
+    ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
+    assert ddp.keys() == single.keys()
+    worst = max(float((ddp[k] - single[k]).abs().max()) for k in ddp)
+    assert worst <= 1e-6
+    # and training moved the weights: the comparison is not between two initialisations
+    init = Trainer(tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)).model.state_dict()
+    assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
+
+
+def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(textwrap.dedent(f"""
+        import os
+        from nmt.cli import main
+        from nmt.training.trainer import Trainer
+
+        if os.environ["RANK"] == "1":
+            real_step = Trainer._train_step
+            def dying_step(self, group):
+                if self.num_updates == 2:
+                    os._exit(3)  # a crash: no cleanup, no goodbye to the other rank
+                real_step(self, group)
+            Trainer._train_step = dying_step
+        main("train", ["data={demo_data_dir}", "save_dir={tmp_path / 'run'}", "train_split=valid",
+                       "valid_split=''", "max_tokens=500", "max_update=50", "threads=1", "device=cpu",
+                       "ddp_timeout=20", "tensorboard=false", "progress_bar=false",
+                       "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
+                       "model.decoder_layers=1", "model.attention_heads=2"])
+    """))
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == 3
+    assert procs[0].returncode == 2, outs[0][1][-2000:]
+    last = outs[0][1].strip().splitlines()[-1]
+    assert last.startswith("nmt-train: error: rank 0/2: lost contact with the other ranks"), last

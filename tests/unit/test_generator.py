@@ -1,0 +1,240 @@
+"""SequenceGenerator: hand-checked searches on a tiny Markov model, and invariants on a
+randomly initialised Transformer (beam 1 = greedy, batch composition, forced-decoding
+scores, cached = uncached, ensembles)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from nmt.data.vocab import BOS, EOS, PAD, UNK
+from nmt.generation.config import SearchConfig
+from nmt.generation.generator import SequenceGenerator
+from nmt.model.config import ModelConfig
+from nmt.model.transformer import EncoderOut, Transformer
+
+A, B, C = 4, 5, 6  # the Markov model's three words
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The machine is shared: one thread is faster and steadier for these small models."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class _NoCache:
+    length = 0
+
+    def reorder(self, index: torch.Tensor, keep_encoder: bool = False) -> None:
+        pass
+
+
+class Markov(nn.Module):
+    """A stand-in with the Transformer's decoding API whose next-token distribution
+    depends only on the previous token: probabilities known by hand."""
+
+    def __init__(self, table: dict[int, dict[int, float]], vocab: int = 7):
+        super().__init__()
+        probs = torch.full((vocab, vocab), 1.0 / vocab)
+        for prev, row in table.items():
+            probs[prev] = 0.0
+            for tok, p in row.items():
+                probs[prev, tok] = p
+        self.register_buffer("logits", probs.log())
+        self.cfg = SimpleNamespace(max_target_positions=64)
+        self.anchor = nn.Parameter(torch.zeros(1))  # gives the model a device
+
+    def encode(self, src_tokens: torch.Tensor) -> EncoderOut:
+        return EncoderOut(torch.zeros(*src_tokens.shape, 1), src_tokens.eq(PAD))
+
+    def decode(self, prev_tokens, enc, cache=None, attn_layer=None):
+        return self.logits[prev_tokens], None  # [B,T,V]
+
+    def new_cache(self) -> _NoCache:
+        return _NoCache()
+
+
+# From the start: a .5, b .4, c .1; "a" ends with .4, "b" with .9, "c" always.
+TABLE = {EOS: {A: 0.5, B: 0.4, C: 0.1}, A: {EOS: 0.4, B: 0.3, C: 0.3},
+         B: {EOS: 0.9, A: 0.05, C: 0.05}, C: {EOS: 1.0}}
+SRC = torch.tensor([[A, EOS]])
+
+
+def _run(model, src=SRC, prefix=None, **search):
+    return SequenceGenerator([model], SearchConfig(**search)).generate(src, prefix)[0]
+
+
+def test_beam_finds_what_greedy_misses():
+    greedy = _run(Markov(TABLE), beam=1)
+    assert [h.tokens.tolist() for h in greedy] == [[A, EOS]]  # .5 * .4 = .20
+    best, second = _run(Markov(TABLE), beam=2, nbest=2)
+    assert best.tokens.tolist() == [B, EOS]  # .4 * .9 = .36
+    assert best.score == pytest.approx(math.log(0.36) / 2, abs=1e-5)
+    assert best.positional_scores.tolist() == pytest.approx([math.log(0.4), math.log(0.9)], abs=1e-5)
+    assert second.tokens.tolist() == [A, EOS]
+    assert second.score == pytest.approx(math.log(0.2) / 2, abs=1e-5)
+
+
+def test_length_penalty_changes_the_winner():
+    # a c EOS (.15, length 3) loses to b EOS (.36) unless long outputs are favoured.
+    table = {**TABLE, A: {EOS: 0.1, C: 0.9}, C: {EOS: 1.0}}  # a c EOS = .45
+    hyp_long, hyp_short = (A, C, EOS), (B, EOS)
+    for lenpen in (0.0, 1.0, 3.0):
+        best = _run(Markov(table), beam=2, lenpen=lenpen)[0]
+        expected = max([(math.log(.45) / 3 ** lenpen, hyp_long), (math.log(.36) / 2 ** lenpen, hyp_short)])
+        assert tuple(best.tokens.tolist()) == expected[1]
+        assert best.score == pytest.approx(expected[0], abs=1e-5)
+
+
+def test_min_len_prefix_and_max_len():
+    best = _run(Markov(TABLE), beam=2, min_len=2)[0]  # a c EOS .15 beats a b EOS .135
+    assert best.tokens.tolist() == [A, C, EOS]
+    assert best.score == pytest.approx(math.log(0.15) / 3, abs=1e-5)
+    forced = _run(Markov(TABLE), beam=2, prefix=torch.tensor([[C]]))[0]
+    assert forced.tokens.tolist() == [C, EOS]
+    assert forced.score == pytest.approx(math.log(0.1) / 2, abs=1e-5)
+    looping = Markov({EOS: {A: 1.0}, A: {A: 0.99, EOS: 0.01}})
+    for limit in (1, 4):
+        out = _run(looping, beam=1, max_len_b=limit)[0]  # EOS never ranks first
+        assert out.tokens.tolist() == [A] * limit + [EOS]
+
+
+def test_unkpen_and_special_tokens():
+    table = {EOS: {UNK: 0.5, BOS: 0.2, PAD: 0.1, A: 0.2}, UNK: {EOS: 1.0}, A: {EOS: 1.0}}
+    assert _run(Markov(table), beam=1)[0].tokens.tolist() == [UNK, EOS]  # BOS, PAD never
+    assert _run(Markov(table), beam=1, unkpen=1.0)[0].tokens.tolist() == [A, EOS]
+
+
+def test_no_repeat_ngram_blocking():
+    looping = Markov({EOS: {A: 0.6, B: 0.4}, A: {A: 0.7, B: 0.2, EOS: 0.1},
+                      B: {A: 0.7, B: 0.2, EOS: 0.1}})
+    assert _run(looping, beam=2, max_len_b=6)[0].tokens.tolist()[:3] == [A, A, A]
+    out = _run(looping, beam=2, max_len_b=6, no_repeat_ngram_size=2)[0].tokens.tolist()
+    bigrams = list(zip(out[:-1], out[1:]))
+    assert len(bigrams) == len(set(bigrams))
+
+
+def test_sampling_with_top1_is_greedy_and_seeded_sampling_repeats():
+    model = Markov(TABLE)
+    top1 = _run(model, beam=3, nbest=3, sampling=True, sampling_topk=1)
+    assert all(h.tokens.tolist() == [A, EOS] for h in top1)
+    src = SRC.expand(6, 2)
+    runs = [SequenceGenerator([model], SearchConfig(beam=2, sampling=True, seed=7)).generate(src)
+            for _ in range(2)]
+    assert [[h.tokens.tolist() for h in s] for s in runs[0]] == [[h.tokens.tolist() for h in s] for s in runs[1]]
+
+
+# -- a randomly initialised Transformer --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
+                      decoder_layers=2, dropout=0.0, max_source_positions=32,
+                      max_target_positions=32)
+    return Transformer(cfg, src_vocab_size=40, tgt_vocab_size=40).eval()
+
+
+def _sources(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.cat([torch.randint(4, 40, (n - 1,), generator=g), torch.tensor([EOS])]) for n in lengths]
+
+
+def _pad(sources: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.full((len(sources), max(len(s) for s in sources)), PAD)
+    for i, s in enumerate(sources):
+        out[i, : len(s)] = s
+    return out
+
+
+def _greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[int]:
+    """Reference greedy decoding of one sentence: full decoder pass at every step."""
+    enc = model.encode(src[None])
+    out = [EOS]
+    with torch.no_grad():
+        for step in range(max_len + 1):
+            lp = torch.log_softmax(model.decode(torch.tensor([out]), enc)[0][0, -1], -1)
+            lp[[PAD, BOS]] = -math.inf
+            if step < 1:  # min_len=1
+                lp[EOS] = -math.inf
+            token = EOS if step == max_len else int(lp.argmax())
+            out.append(token)
+            if token == EOS:
+                break
+    return out[1:]
+
+
+def test_beam1_equals_greedy(model):
+    sources = _sources([5, 9, 3, 12])
+    hyps = SequenceGenerator([model], SearchConfig(beam=1, max_len_b=10)).generate(_pad(sources))
+    for src, h in zip(sources, hyps):
+        assert h[0].tokens.tolist() == _greedy(model, src, 10)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_output_does_not_depend_on_the_batch(model, beam):
+    sources = _sources([6, 11, 3, 8, 14, 6], seed=1)
+    gen = SequenceGenerator([model], SearchConfig(beam=beam, nbest=beam, max_len_b=12))
+    together = gen.generate(_pad(sources))
+    reordered = gen.generate(_pad(sources[::-1]))[::-1]
+    for i, src in enumerate(sources):
+        alone = gen.generate(src[None])[0]
+        for other in (together[i], reordered[i]):
+            assert [h.tokens.tolist() for h in other] == [h.tokens.tolist() for h in alone]
+            assert [h.score for h in other] == pytest.approx([h.score for h in alone], abs=1e-4)
+
+
+@pytest.mark.parametrize("lenpen", [1.0, 0.6])
+def test_reported_score_is_the_forced_decoding_score(model, lenpen):
+    sources = _sources([7, 4, 10], seed=2)
+    gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, lenpen=lenpen, max_len_b=9))
+    for src, hyps in zip(sources, gen.generate(_pad(sources))):
+        for h in hyps:
+            prev = torch.cat([torch.tensor([EOS]), h.tokens[:-1]])[None]  # [1,T]
+            with torch.no_grad():
+                lp = torch.log_softmax(model(src[None], prev)[0].float(), -1)  # [T,V]
+            token_lp = lp.gather(1, h.tokens[:, None]).squeeze(1)
+            assert h.positional_scores.tolist() == pytest.approx(token_lp.tolist(), abs=1e-4)
+            assert h.score == pytest.approx(float(token_lp.sum()) / len(h.tokens) ** lenpen, abs=1e-4)
+
+
+def test_cached_equals_uncached(model):
+    src = _pad(_sources([5, 13, 8], seed=3))
+    kw = dict(beam=4, nbest=2, max_len_b=10, no_repeat_ngram_size=3)
+    cached = SequenceGenerator([model], SearchConfig(**kw, use_cache=True)).generate(src)
+    full = SequenceGenerator([model], SearchConfig(**kw, use_cache=False)).generate(src)
+    for a, b in zip(cached, full):
+        assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+def test_ensemble_of_one_model_twice_is_the_model(model):
+    src = _pad(_sources([6, 9], seed=4))
+    single = SequenceGenerator([model], SearchConfig(beam=3, max_len_b=8)).generate(src)
+    double = SequenceGenerator([model, model], SearchConfig(beam=3, max_len_b=8)).generate(src)
+    for a, b in zip(single, double):
+        assert a[0].tokens.tolist() == b[0].tokens.tolist()
+        assert a[0].score == pytest.approx(b[0].score, abs=1e-5)
+
+
+def test_limits_prefix_and_attention(model):
+    sources = _sources([4, 10], seed=5)
+    prefix = torch.tensor([[7, 8], [9, PAD]])
+    gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, min_len=4, max_len_a=1.0,
+                                                  max_len_b=2), attn_layer=-1)
+    for src, hyps, pre in zip(sources, gen.generate(_pad(sources), prefix), prefix.tolist()):
+        assert len(hyps) == 3
+        for h in hyps:
+            tokens = h.tokens.tolist()
+            assert 4 + 1 <= len(tokens) <= len(src) + 2 + 1  # min_len .. max_len, + EOS
+            assert tokens[-1] == EOS and EOS not in tokens[:-1]
+            assert tokens[: len([p for p in pre if p != PAD])] == [p for p in pre if p != PAD]
+            assert h.attention.shape == (len(tokens), max(len(s) for s in sources))
+            assert torch.allclose(h.attention[:, : len(src)].sum(1), torch.ones(len(tokens)), atol=1e-4)

@@ -1,0 +1,240 @@
+"""Transformer invariants: incremental decoding, padding, batching, causality, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.data.vocab import EOS, PAD
+from nmt.model.config import ModelConfig
+from nmt.model.transformer import Transformer
+
+SRC_V, TGT_V = 41, 37
+
+
+def make_model(seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    fields = dict(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
+                  decoder_layers=2, dropout=0.0)
+    fields.update(overrides)
+    return Transformer(ModelConfig(**fields), SRC_V, TGT_V).eval()
+
+
+def tokens(lengths: list[int], vocab: int, first: int | None = None) -> torch.Tensor:
+    """A right-padded batch [B, max(lengths)] of random real tokens."""
+    batch = torch.full((len(lengths), max(lengths)), PAD)
+    for i, n in enumerate(lengths):
+        batch[i, :n] = torch.randint(4, vocab, (n,))
+        if first is not None:
+            batch[i, 0] = first
+    return batch
+
+
+VARIANTS = {
+    "post-norm": {},
+    "pre-norm": {"normalize_before": True},
+    "pre-norm-learned-pos-ln-emb-gelu": {"normalize_before": True, "learned_pos": True,
+                                         "layernorm_embedding": True, "activation_fn": "gelu"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_steps_equal_full_decoding(variant):
+    model = make_model(**VARIANTS[variant])
+    src = tokens([7, 4, 6], SRC_V)
+    prev = tokens([9, 9, 9], TGT_V, first=EOS)
+    with torch.no_grad():
+        enc = model.encode(src)
+        full, full_attn = model.decode(prev, enc, attn_layer=-1)
+        cache = model.new_cache()
+        steps, attns = [], []
+        for t in range(prev.size(1)):
+            logits, attn = model.decode(prev[:, t:t + 1], enc, cache, attn_layer=-1)
+            steps.append(logits)
+            attns.append(attn)
+    assert cache.length == prev.size(1)
+    assert (torch.cat(steps, 1) - full).abs().max() <= 1e-5
+    assert (torch.cat(attns, 1) - full_attn).abs().max() <= 1e-5
+
+
+def test_cached_multi_token_steps_equal_full_decoding():
+    """A forced prefix fed at once, then single tokens (positions continue from the cache)."""
+    model = make_model(normalize_before=True)
+    src = tokens([5, 8], SRC_V)
+    prev = tokens([8, 8], TGT_V, first=EOS)
+    with torch.no_grad():
+        enc = model.encode(src)
+        full, _ = model.decode(prev, enc)
+        cache = model.new_cache()
+        parts = [model.decode(prev[:, :3], enc, cache)[0], model.decode(prev[:, 3:5], enc, cache)[0]]
+        parts += [model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(5, 8)]
+    assert (torch.cat(parts, 1) - full).abs().max() <= 1e-5
+
+
+def test_cache_grows_past_its_first_chunk():
+    model = make_model()
+    src = tokens([3, 5], SRC_V)
+    prev = tokens([40, 40], TGT_V, first=EOS)  # > 2 chunks of 16
+    with torch.no_grad():
+        enc = model.encode(src)
+        full, _ = model.decode(prev, enc)
+        cache = model.new_cache()
+        steps = [model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(prev.size(1))]
+    assert (torch.cat(steps, 1) - full).abs().max() <= 1e-5
+
+
+def test_cache_reorder_equals_recomputing_reordered_prefixes():
+    model = make_model(seed=1)
+    src = tokens([6, 3, 5], SRC_V)
+    prev = tokens([6, 6, 6], TGT_V, first=EOS)
+    index = torch.tensor([2, 0, 0, 1])  # a different batch size, duplicated and dropped rows
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.new_cache()
+        for t in range(4):
+            model.decode(prev[:, t:t + 1], enc, cache)
+        cache.reorder(index)
+        # Continue the reordered rows with new tokens, and recompute them from scratch.
+        tail = torch.randint(4, TGT_V, (len(index), 2))
+        cached = torch.cat([model.decode(tail[:, t:t + 1], enc, cache)[0] for t in range(2)], 1)
+        prefixes = torch.cat([prev[index, :4], tail], 1)
+        full, _ = model.decode(prefixes, enc.reorder(index))
+    assert (cached - full[:, 4:]).abs().max() <= 1e-5
+
+
+def test_reorder_keep_encoder_within_sentence_beams():
+    """Beam search's reorder: rows stay within their sentence, encoder states need not move."""
+    model = make_model(seed=2)
+    src = tokens([6, 3], SRC_V)
+    beams = 3
+    expand = torch.arange(2).repeat_interleave(beams)  # [0,0,0,1,1,1]
+    prev = tokens([5] * 6, TGT_V, first=EOS)
+    index = torch.tensor([1, 1, 0, 5, 3, 3])
+    with torch.no_grad():
+        enc = model.encode(src).reorder(expand)
+        cache = model.new_cache()
+        for t in range(3):
+            model.decode(prev[:, t:t + 1], enc, cache)
+        cache.reorder(index, keep_encoder=True)
+        step = torch.randint(4, TGT_V, (6, 1))
+        cached, _ = model.decode(step, enc, cache)
+        full, _ = model.decode(torch.cat([prev[index, :3], step], 1), enc.reorder(index))
+    assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5
+
+
+def test_padding_and_batch_composition_do_not_change_outputs():
+    model = make_model(normalize_before=True)
+    src = tokens([5, 9, 2], SRC_V)
+    prev = tokens([4, 7, 8], TGT_V, first=EOS)
+    with torch.no_grad():
+        batch_enc = model.encode(src)
+        batch_logits, batch_attn = model.decode(prev, batch_enc, attn_layer=0)
+        for i, (s_len, t_len) in enumerate([(5, 4), (9, 7), (2, 8)]):
+            alone_enc = model.encode(src[i:i + 1, :s_len])
+            alone_logits, alone_attn = model.decode(prev[i:i + 1, :t_len], alone_enc, attn_layer=0)
+            enc_diff = (batch_enc.out[i, :s_len] - alone_enc.out[0]).abs().max()
+            assert enc_diff <= 1e-5, f"encoder row {i}"
+            assert (batch_logits[i, :t_len] - alone_logits[0]).abs().max() <= 1e-5, f"decoder row {i}"
+            assert (batch_attn[i, :t_len, :s_len] - alone_attn[0]).abs().max() <= 1e-5
+            assert batch_attn[i, :, s_len:].abs().sum() == 0  # no attention to padding
+
+
+def test_extra_padding_columns_do_not_change_outputs():
+    model = make_model()
+    src = tokens([5, 3], SRC_V)
+    prev = tokens([4, 6], TGT_V, first=EOS)
+    pad = lambda x, n: torch.cat([x, torch.full((x.size(0), n), PAD)], 1)  # noqa: E731
+    with torch.no_grad():
+        logits = model(src, prev)
+        padded = model(pad(src, 4), pad(prev, 3))
+    assert (padded[:, :6] - logits).abs().max() <= 1e-5
+
+
+def test_decoder_is_causal():
+    model = make_model(seed=3)
+    src = tokens([6, 6], SRC_V)
+    prev = tokens([8, 8], TGT_V, first=EOS)
+    changed = prev.clone()
+    changed[:, 5] = (prev[:, 5] - 4 + 1) % (TGT_V - 4) + 4  # a different real token
+    with torch.no_grad():
+        before, after = model(src, prev), model(src, changed)
+    assert (before[:, :5] - after[:, :5]).abs().max() <= 1e-6
+    assert (before[:, 5:] - after[:, 5:]).abs().max() > 1e-3
+
+
+def test_weights_path_matches_fast_path():
+    """Asking for attention weights takes another code path; it must compute the same."""
+    model = make_model(seed=4)
+    src = tokens([7, 4], SRC_V)
+    prev = tokens([5, 5], TGT_V, first=EOS)
+    with torch.no_grad():
+        enc = model.encode(src)
+        plain, none = model.decode(prev, enc)
+        weighted, attn = model.decode(prev, enc, attn_layer=1)
+    assert none is None
+    assert attn.shape == (2, 5, 7)
+    assert (plain - weighted).abs().max() <= 1e-5
+    assert torch.allclose(attn.sum(-1), torch.ones(2, 5), atol=1e-5)
+
+
+def test_attn_layer_out_of_range_is_a_user_error():
+    from nmt.errors import NmtError
+
+    model = make_model()
+    src = tokens([3], SRC_V)
+    with pytest.raises(NmtError, match="decoder has 2 layers"):
+        model.decode(tokens([2], TGT_V, first=EOS), model.encode(src), attn_layer=2)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_parameter_gets_a_gradient(variant):
+    model = make_model(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,
+                       **VARIANTS[variant]).train()
+    src = tokens([6, 4], SRC_V)
+    prev = tokens([5, 3], TGT_V, first=EOS)
+    logits = model(src, prev)
+    target = torch.randint(4, TGT_V, prev.shape)
+    torch.nn.functional.cross_entropy(logits.transpose(1, 2), target).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_dropout_is_off_in_eval_and_on_in_train():
+    model = make_model(dropout=0.3, attention_dropout=0.3)
+    src, prev = tokens([5], SRC_V), tokens([4], TGT_V, first=EOS)
+    with torch.no_grad():
+        assert torch.equal(model(src, prev), model(src, prev))
+        model.train()
+        assert not torch.equal(model(src, prev), model(src, prev))
+
+
+def test_shared_embeddings_are_one_tensor():
+    model = Transformer(ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                                    decoder_layers=1, share_all_embeddings=True), 30, 30)
+    enc_w = model.encoder.embed_tokens.weight
+    assert enc_w is model.decoder.embed_tokens.weight is model.decoder.output_projection.weight
+    tied = Transformer(ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                                   decoder_layers=1, share_decoder_input_output_embed=True), 30, 20)
+    assert tied.decoder.output_projection.weight is tied.decoder.embed_tokens.weight
+    assert tied.encoder.embed_tokens.weight is not tied.decoder.embed_tokens.weight
+    # A state dict round trip keeps the tie (load_state_dict copies into the shared tensor).
+    fresh = Transformer(model.cfg, 30, 30)
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.decoder.output_projection.weight is fresh.encoder.embed_tokens.weight
+    assert torch.equal(fresh.encoder.embed_tokens.weight, enc_w)
+
+
+def test_fairseq_initialisation():
+    model = make_model(embed_dim=64, ffn_dim=128)
+    for emb in (model.encoder.embed_tokens, model.decoder.embed_tokens):
+        assert emb.weight[PAD].abs().max() == 0
+        real = torch.cat([emb.weight[:PAD], emb.weight[PAD + 1:]])
+        assert abs(real.std().item() - 64 ** -0.5) < 0.2 * 64 ** -0.5
+    attn = model.encoder.layers[0].self_attn
+    assert attn.out_proj.bias.abs().max() == 0
+    # Xavier-uniform with gain 1/sqrt(2): bound = sqrt(6 / (fan_in + fan_out)) / sqrt(2).
+    bound = (6 / 128) ** 0.5 / 2 ** 0.5
+    assert attn.q_proj.weight.abs().max() <= bound
+    assert model.encoder.layers[0].fc1.bias.abs().max() == 0

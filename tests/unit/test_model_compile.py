@@ -1,0 +1,91 @@
+"""The model under bf16 autocast and torch.compile (and on CUDA where there is one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt.data.vocab import EOS, PAD
+from nmt.model.config import ModelConfig
+from nmt.model.transformer import Transformer
+
+
+def make_model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    fields = dict(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
+                  decoder_layers=2, dropout=0.1, attention_dropout=0.1)
+    fields.update(overrides)
+    return Transformer(ModelConfig(**fields), 40, 40)
+
+
+def batch(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (3, 7), generator=gen)
+    src[1, 5:] = PAD
+    prev = torch.randint(4, 40, (3, 6), generator=gen)
+    prev[:, 0] = EOS
+    prev[2, 4:] = PAD
+    return src.to(device), prev.to(device)
+
+
+def test_training_forward_has_no_graph_breaks():
+    model = make_model().train()
+    explanation = torch._dynamo.explain(model)(*batch())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_bf16_autocast_forward_and_cached_decoding():
+    model = make_model(normalize_before=True).eval()
+    src, prev = batch()
+    with torch.no_grad():
+        reference = model(src, prev)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(src, prev)
+            enc = model.encode(src)
+            cache = model.new_cache()
+            steps = [model.decode(prev[:, t:t + 1], enc, cache, attn_layer=-1) for t in range(6)]
+    assert logits.dtype == torch.bfloat16
+    assert torch.isfinite(logits).all()
+    assert (logits.float() - reference).abs().max() < 0.1  # bf16 has ~3 significant digits
+    cached = torch.cat([s[0] for s in steps], 1).float()
+    assert (cached - reference).abs().max() < 0.1
+    attn = steps[-1][1]
+    assert attn.dtype == torch.float32 and torch.allclose(attn.sum(-1), torch.ones(3, 1), atol=1e-3)
+
+
+def test_bf16_autocast_backward():
+    model = make_model().train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(*batch())
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_compiled_fullgraph_matches_eager():
+    """Inductor compile of the training forward and backward (about 2 minutes on 2 cores)."""
+    model = make_model(dropout=0.0, attention_dropout=0.0).train()
+    src, prev = batch()
+    eager = model(src, prev)
+    compiled = torch.compile(model, fullgraph=True)(src, prev)
+    assert (compiled - eager).abs().max() < 1e-4
+    compiled.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_and_cached_decoding():
+    model = make_model(dropout=0.0, attention_dropout=0.0).cuda().eval()
+    src, prev = batch("cuda")
+    with torch.no_grad():
+        full = model(src, prev)
+        enc = model.encode(src)
+        cache = model.new_cache()
+        steps = torch.cat([model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(6)], 1)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            half = model(src, prev)
+    assert (steps - full).abs().max() < 1e-4  # TF32/fused kernels: looser than on CPU
+    real = prev.ne(PAD)
+    assert (half.float()[real] - full[real]).abs().max() < 0.1

@@ -1,0 +1,173 @@
+"""ModelConfig validation, the presets in configs/model/, and fairseq's position numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from nmt.data.vocab import EOS, PAD
+from nmt.errors import NmtError
+from nmt.model.config import ModelConfig
+from nmt.model.layers import sinusoidal_table
+from nmt.model.transformer import Transformer
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
+PRESETS = ["tiny", "small", "iwslt_de_en", "base", "big"]
+
+
+def preset(name: str) -> ModelConfig:
+    """Load a preset the way Hydra merges it into the schema (unknown keys/types fail)."""
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                             OmegaConf.load(PRESET_DIR / f"transformer_{name}.yaml"))
+    return OmegaConf.to_object(merged)
+
+
+def count_parameters(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> int:
+    with torch.device("meta"):  # shapes only: no memory for the big model
+        model = Transformer(cfg, src_vocab, tgt_vocab)
+    return sum(p.numel() for p in model.parameters())  # shared tensors counted once
+
+
+# --------------------------------------------------------------------------- presets
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_sets_every_field_with_a_comment(name):
+    text = (PRESET_DIR / f"transformer_{name}.yaml").read_text()
+    keys = [line.split(":", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert sorted(keys) == sorted(f.name for f in dataclasses.fields(ModelConfig))
+    for line in text.splitlines():
+        assert line.startswith("#") or " # " in line, f"uncommented line: {line!r}"
+    preset(name).validate(8000, 8000, PAD)
+
+
+@pytest.mark.parametrize("name, layers, dim, ffn, heads", [
+    ("tiny", 2, 256, 512, 4), ("small", 3, 256, 1024, 4), ("iwslt_de_en", 6, 512, 1024, 4),
+    ("base", 6, 512, 2048, 8), ("big", 6, 1024, 4096, 16)])
+def test_preset_shapes(name, layers, dim, ffn, heads):
+    cfg = preset(name)
+    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.embed_dim, cfg.ffn_dim,
+            cfg.attention_heads) == (layers, layers, dim, ffn, heads)
+
+
+@pytest.mark.parametrize("name, exact, paper", [("base", 63_082_496, 65e6), ("big", 214_245_376, 213e6)])
+def test_paper_parameter_counts_with_37k_joint_vocab(name, exact, paper):
+    cfg = preset(name)
+    assert cfg.share_all_embeddings
+    n = count_parameters(cfg, 37000, 37000)
+    assert n == exact
+    assert abs(n - paper) / paper < 0.04  # the paper rounds, and its vocab was "about 37k"
+
+
+def test_small_preset_parameter_count():
+    assert count_parameters(preset("small"), 8000, 8000) == 9_625_600
+    assert count_parameters(preset("tiny"), 8000, 8000) == 6_731_776
+
+
+def test_sharing_changes_counts_by_exactly_the_embeddings():
+    base = dataclasses.replace(preset("base"), share_all_embeddings=False,
+                               share_decoder_input_output_embed=False)
+    untied = count_parameters(base, 37000, 37000)
+    assert untied - count_parameters(preset("base"), 37000, 37000) == 2 * 37000 * 512
+
+
+# ------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"attention_heads": 6}, "model.attention_heads"),
+    ({"embed_dim": 0}, "model.embed_dim"),
+    ({"decoder_layers": 0}, "model.decoder_layers"),
+    ({"activation_fn": "swish"}, "model.activation_fn"),
+    ({"dropout": 1.0}, "model.dropout"),
+    ({"attention_dropout": -0.1}, "model.attention_dropout"),
+])
+def test_invalid_config_names_the_key(change, key):
+    cfg = ModelConfig(**change)
+    with pytest.raises(NmtError, match=key.replace(".", r"\.")) as err:
+        Transformer(cfg, 100, 100)
+    assert "\n" not in str(err.value)
+
+
+def test_share_all_embeddings_needs_a_joint_vocab():
+    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                      decoder_layers=1, share_all_embeddings=True)
+    with pytest.raises(NmtError, match=r"model\.share_all_embeddings: .* 100 .* 120"):
+        Transformer(cfg, 100, 120)
+
+
+# -------------------------------------------------------------------------- positions
+
+
+def reference_sinusoid(position: int, dim: int) -> list[float]:
+    """fairseq's sinusoid for one table row, written from its formula in float64:
+    half = dim // 2 frequencies w_i = 10000 ** (-i / (half - 1)); the row is
+    [sin(p w_0) .. sin(p w_{half-1}), cos(p w_0) .. cos(p w_{half-1})] (+ a 0 for odd dim)."""
+    half = dim // 2
+    freqs = [10000 ** (-i / (half - 1)) for i in range(half)]
+    row = [math.sin(position * w) for w in freqs] + [math.cos(position * w) for w in freqs]
+    return row + [0.0] * (dim % 2)
+
+
+def reference_make_positions(tokens: torch.Tensor, pad: int) -> torch.Tensor:
+    """fairseq's make_positions: running count of real tokens, offset by pad; pads get pad."""
+    real = tokens.ne(pad).long()
+    return torch.cumsum(real, dim=1) * real + pad
+
+
+@pytest.mark.parametrize("dim", [8, 31, 64])
+def test_sinusoidal_table_matches_fairseq_formula(dim):
+    rows = 300
+    table = sinusoidal_table(rows, dim, PAD)
+    reference = torch.tensor([reference_sinusoid(p, dim) for p in range(rows)], dtype=torch.float)
+    reference[PAD] = 0
+    assert table.shape == (rows, dim)
+    assert (table - reference).abs().max() < 5e-5  # float32 angles up to 300 rad
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_encoder_input_is_fairseqs_at_real_positions(learned):
+    """scale * embedding + position, with positions as fairseq numbers them (make_positions)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                      decoder_layers=1, dropout=0.0, learned_pos=learned)
+    model = Transformer(cfg, 30, 30).eval()
+    src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
+    seen = []
+    model.encoder.layers[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        model.encode(src)
+    if learned:
+        table = model.encoder.embed_positions.weight
+    else:
+        table = sinusoidal_table(cfg.max_source_positions + PAD + 1, 16, PAD)
+    expected = 4.0 * model.encoder.embed_tokens(src) + table[reference_make_positions(src, PAD)]
+    real = src.ne(PAD)
+    assert (seen[0][real] - expected[real]).abs().max() < 1e-6
+
+
+def test_sinusoidal_positions_extend_past_max_like_fairseq():
+    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                      decoder_layers=1, max_source_positions=8)
+    model = Transformer(cfg, 30, 30)
+    rows = model.encoder.embed_positions(0, 12)
+    assert torch.equal(rows, sinusoidal_table(12 + PAD + 1, 16, PAD)[PAD + 1:])
+
+
+def test_learned_positions_reject_too_long_input():
+    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                      decoder_layers=1, max_source_positions=8, learned_pos=True)
+    model = Transformer(cfg, 30, 30)
+    with pytest.raises(NmtError, match=r"model\.max_source_positions"):
+        model.encode(torch.full((1, 9), 5))
+
+
+def test_position_tables_are_not_saved():
+    model = Transformer(ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
+                                    decoder_layers=1), 30, 30)
+    assert not any("embed_positions" in key for key in model.state_dict())

@@ -1,0 +1,182 @@
+"""nmt-preprocess: lossless valid/test, counts that add up, cleaning rules, safe output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import nmt.commands.preprocess as preprocess
+from nmt.commands.preprocess import run
+from nmt.data.binarize import TokenArray
+from nmt.data.meta import load_meta, split_prefix
+from nmt.data.tokenizer import load_tokenizers, normalize_text
+from nmt.data.vocab import EOS
+from nmt.errors import NmtError
+from nmt.cli import compose_config, to_dataclass
+
+
+def _decoded(data_dir: Path, split: str, lang: str, side: str) -> list[str]:
+    src_tok, tgt_tok = load_tokenizers(data_dir)
+    tok = src_tok if side == "src" else tgt_tok
+    arr = TokenArray(split_prefix(data_dir, split, lang))
+    return [tok.decode(arr[i]) for i in range(len(arr))]
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def test_demo_valid_and_test_decode_to_the_raw_text(demo_data_dir: Path, demo_corpus: Path) -> None:
+    for split in ("valid", "test"):
+        for lang, side in (("en", "src"), ("de", "tgt")):
+            raw = (demo_corpus / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+            assert _decoded(demo_data_dir, split, lang, side) == [normalize_text(t, False) for t in raw]
+
+
+def test_demo_counts_add_up(demo_data_dir: Path, demo_corpus: Path) -> None:
+    meta = load_meta(demo_data_dir)
+    assert (meta.src_lang, meta.tgt_lang, meta.joint_vocab) == ("en", "de", True)
+    assert meta.special_ids == {"bos": 0, "pad": 1, "eos": 2, "unk": 3}
+    assert set(meta.splits) == {"train", "valid", "test"}
+    for name, info in meta.splits.items():
+        raw_lines = len((demo_corpus / f"{name}.en").read_text(encoding="utf-8").splitlines())
+        assert info.lines == raw_lines
+        assert info.kept + sum(info.removed.values()) == info.lines
+        for lang, tokens in ((meta.src_lang, info.src_tokens), (meta.tgt_lang, info.tgt_tokens)):
+            arr = TokenArray(split_prefix(demo_data_dir, name, lang))
+            assert len(arr) == info.kept
+            assert int(arr.sizes.sum()) == tokens
+            assert arr.dtype == np.dtype(meta.dtype)
+            ends = np.cumsum(arr.sizes) - 1  # every stored sentence ends in EOS, once
+            assert (arr._bin[ends] == EOS).all() and int((arr._bin == EOS).sum()) == len(arr)
+    assert meta.splits["valid"].kept == meta.splits["valid"].lines  # valid/test keep every line
+    saved = yaml.safe_load((demo_data_dir / "config.yaml").read_text(encoding="utf-8"))
+    assert saved == meta.config and saved["data"]["src"] == "en"
+
+
+def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_config,
+                                                tmp_path: Path) -> None:
+    en = (small_corpus / "train.en").read_text(encoding="utf-8").splitlines()
+    de = (small_corpus / "train.de").read_text(encoding="utf-8").splitlines()
+    bad = [("", "Ich habe drei Bücher gekauft."),  # empty source
+           ("I bought three books.", "   \t "),  # target empty after whitespace normalization
+           (" ".join(["Anna"] * 300), " ".join(["Anna"] * 300)),  # both sides too long
+           ("Tom.", "Tom sagt, dass Anna dreihundertzweiundzwanzig rote Lampen kaufen will.")]
+    for line_no, (s, t) in zip((3, 50, 120, 399), bad):  # spread over several chunks
+        en[line_no], de[line_no] = s, t
+    _write(small_corpus / "train.en", en)
+    _write(small_corpus / "train.de", de)
+    # the same lines in valid are kept
+    _write(small_corpus / "valid.en", [s for s, _ in bad])
+    _write(small_corpus / "valid.de", [t for _, t in bad])
+
+    run(preprocess_config("chunk_lines=100", "clean.max_tokens=100", "clean.max_ratio=2.5"))
+    meta = load_meta(tmp_path / "out")
+    # the rules restated in plain Python, on the lengths the stored tokenizer gives
+    tok, _ = load_tokenizers(tmp_path / "out")
+    expected_counts = {"invalid_utf8": 0, "empty": 0, "too_long": 0, "ratio": 0}
+    expected_kept, rule_of_line = [], {}
+    for i, (s, t) in enumerate(zip(en, de)):
+        ls, lt = len(tok.encode(normalize_text(s, False))), len(tok.encode(normalize_text(t, False)))
+        rule = ("empty" if min(ls, lt) == 0 else "too_long" if max(ls, lt) > 100
+                else "ratio" if max(ls, lt) > 2.5 * min(ls, lt) else None)
+        if rule:
+            expected_counts[rule] += 1
+            rule_of_line[i] = rule
+        else:
+            expected_kept.append(normalize_text(t, False))
+    assert meta.splits["train"].removed == expected_counts
+    assert meta.splits["train"].kept == len(expected_kept)
+    assert _decoded(tmp_path / "out", "train", "de", "tgt") == expected_kept
+    # each constructed line was caught by its rule
+    assert [rule_of_line.get(i) for i in (3, 50, 120, 399)] == ["empty", "empty", "too_long", "ratio"]
+    assert meta.splits["valid"].kept == meta.splits["valid"].lines == 4
+    assert _decoded(tmp_path / "out", "valid", "de", "tgt")[1] == ""
+
+    # every rule can be switched off
+    run(preprocess_config("overwrite=true", "clean.remove_empty=false", "clean.max_tokens=null",
+                          "clean.max_ratio=null"))
+    train = load_meta(tmp_path / "out").splits["train"]
+    assert train.kept == 400 and sum(train.removed.values()) == 0
+
+
+def test_crlf_bom_and_nfkc(small_corpus: Path, preprocess_config, tmp_path: Path) -> None:
+    valid_en = ["\ufeffThe number \ufb01ve.\r", "  Tom   says\tthat we count ten cups.\r"]
+    (small_corpus / "valid.en").write_bytes("\n".join(valid_en).encode("utf-8"))  # no final \n
+    _write(small_corpus / "valid.de", ["Die Zahl fünf.", "Tom sagt, dass wir zehn Tassen zählen."])
+    run(preprocess_config("nfkc=true"))
+    assert load_meta(tmp_path / "out").normalization == {"nfkc": True}
+    assert _decoded(tmp_path / "out", "valid", "en", "src") == [
+        "The number five.", "Tom says that we count ten cups."]
+
+
+def test_several_test_sets_keep_their_names(small_corpus: Path, preprocess_config,
+                                            tmp_path: Path) -> None:
+    for lang in ("en", "de"):
+        (small_corpus / f"test_2016.{lang}").write_bytes((small_corpus / f"valid.{lang}").read_bytes())
+    run(preprocess_config(f"data.testpref=[{small_corpus / 'test'},{small_corpus / 'test_2016'}]",
+                          "data.validpref=null"))
+    meta = load_meta(tmp_path / "out")
+    assert list(meta.splits) == ["train", "test", "test_2016"]
+    raw = (small_corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    assert _decoded(tmp_path / "out", "test_2016", "de", "tgt") == raw
+    with pytest.raises(NmtError, match="data.testpref"):
+        run(preprocess_config(f"data.testpref=[{small_corpus / 'test'},{tmp_path / 'x' / 'test'}]",
+                              f"data.dest={tmp_path / 'other'}"))
+
+
+def test_existing_data_dir_is_replaced_only_with_overwrite(preprocess_config, tmp_path: Path) -> None:
+    run(preprocess_config())
+    before = (tmp_path / "out" / "meta.json").read_bytes()
+    with pytest.raises(NmtError, match="overwrite=true"):
+        run(preprocess_config("clean.max_ratio=null"))
+    assert (tmp_path / "out" / "meta.json").read_bytes() == before
+    run(preprocess_config("clean.max_ratio=null", "overwrite=true"))
+    assert json.loads((tmp_path / "out" / "meta.json").read_bytes())["config"]["clean"]["max_ratio"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out"]  # no temp or old dirs
+
+
+def test_a_folder_nmt_did_not_write_is_never_replaced(preprocess_config, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(NmtError, match="not an nmt data dir"):
+        run(preprocess_config("overwrite=true"))
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+def test_a_failed_run_leaves_nothing(preprocess_config, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preprocess, "write_meta", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run(preprocess_config())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+def compose_preprocess(overrides: list[str]):
+    return to_dataclass(compose_config("preprocess", overrides))
+
+
+def test_default_config_and_overrides() -> None:
+    cfg = compose_preprocess([])
+    assert (cfg.data.trainpref, cfg.data.dest) == ("data/demo/train", "data-bin/demo")
+    assert cfg.data.testpref == ["data/demo/test"]
+    cfg = compose_preprocess(["data.src=de", "data.tgt=en", "spm.vocab_size=8000",
+                              "spm.model_type=unigram", "data.testpref=[a/x,b/y]"])
+    assert (cfg.data.src, cfg.data.tgt, cfg.spm.vocab_size) == ("de", "en", 8000)
+    assert cfg.spm.model_type.value == "unigram" and cfg.data.testpref == ["a/x", "b/y"]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("data.sorce=en", "sorce"), ("workers=two", "workers"), ("on_invalid_utf8=ignore", "on_invalid_utf8"),
+    ("spm.model_type=wordpiece", "model_type"),
+])
+def test_config_mistakes_are_one_line_errors(nmt_cli, override: str, key: str) -> None:
+    code, _, err = nmt_cli("preprocess", override)
+    assert code != 0 and len(err.splitlines()) == 1 and key in err

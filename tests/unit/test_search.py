@@ -1,0 +1,102 @@
+"""The pure search step on synthetic log-probabilities whose answers are known by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nmt.generation.search import (
+    NEG_INF,
+    beam_candidates,
+    block_repeated_ngrams,
+    length_penalty,
+    sample_candidates,
+    select_active,
+)
+
+
+@pytest.mark.parametrize("length,lenpen,expected", [(4, 1.0, 4.0), (4, 0.0, 1.0), (4, 0.5, 2.0),
+                                                    (8, 2.0, 64.0), (1, 3.0, 1.0)])
+def test_length_penalty_at_points(length, lenpen, expected):
+    assert length_penalty(length, lenpen) == pytest.approx(expected)
+    assert float(length_penalty(torch.tensor(float(length)), lenpen)) == pytest.approx(expected)
+
+
+def test_beam_candidates_rank_sums_of_scores_and_log_probs():
+    scores = torch.tensor([[-1.0, -1.5]])  # [N=1,K=2]
+    lprobs = torch.tensor([[[-0.1, -1.0, -2.0, -3.0],    # beam 0: totals -1.1 -2.0 -3.0 -4.0
+                            [-0.6, -0.2, -4.0, -5.0]]])  # beam 1: totals -2.1 -1.7 -5.5 -6.5
+    cand_scores, tokens, origins = beam_candidates(lprobs, scores)
+    assert cand_scores.shape == (1, 4)  # 2K candidates
+    assert cand_scores[0].tolist() == pytest.approx([-1.1, -1.7, -2.0, -2.1])
+    assert tokens[0].tolist() == [0, 1, 1, 0]
+    assert origins[0].tolist() == [0, 1, 0, 1]
+
+
+def test_beam_candidates_ignore_hypotheses_scored_minus_infinity():
+    # First step: K copies of the start state, only the first may be extended.
+    lprobs = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]])).expand(2, 3, 4)  # N=2,K=3
+    scores = torch.tensor([[0.0, NEG_INF, NEG_INF]]).expand(2, 3)
+    cand_scores, tokens, origins = beam_candidates(lprobs, scores)
+    assert origins[:, :4].eq(0).all()  # 4 finite candidates, all from beam 0
+    assert tokens[0, :4].tolist() == [3, 2, 1, 0]
+    assert torch.isinf(cand_scores[:, 4:]).all()
+
+
+def test_select_active_skips_eos_candidates_in_rank_order():
+    cand_scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0]])
+    ended = torch.tensor([[True, False, True, False]])
+    pick, scores = select_active(cand_scores, ended, beam=2)
+    assert pick.tolist() == [[1, 3]]
+    assert scores.tolist() == [[-2.0, -4.0]]
+
+
+def test_select_active_pads_with_dead_placeholders():
+    cand_scores = torch.tensor([[-1.0, -2.0]])
+    ended = torch.tensor([[True, False]])  # only one continues; beam 2 asks for two
+    pick, scores = select_active(cand_scores, ended, beam=2)
+    assert pick[0, 0] == 1 and scores[0, 0] == -2.0
+    assert scores[0, 1] == NEG_INF
+
+
+@pytest.mark.parametrize("n,banned", [(1, {5, 6, 7}), (2, {7}), (3, {7}), (4, set()), (6, set())])
+def test_block_repeated_ngrams(n, banned):
+    history = torch.tensor([[5, 6, 7, 5, 6]])
+    lprobs = torch.zeros(1, 10)
+    block_repeated_ngrams(history, lprobs, n)
+    assert {i for i in range(10) if lprobs[0, i] == NEG_INF} == banned
+
+
+def test_block_repeated_ngrams_rows_are_independent():
+    history = torch.tensor([[5, 6, 5], [7, 8, 9]])  # row 0 ends in "5", seen before "6"
+    lprobs = torch.zeros(2, 10)
+    block_repeated_ngrams(history, lprobs, 2)
+    assert lprobs[0].eq(NEG_INF).nonzero().flatten().tolist() == [6]
+    assert not lprobs[1].eq(NEG_INF).any()
+
+
+def test_sampling_top1_is_argmax_and_score_adds_the_token_log_prob():
+    lprobs = torch.log_softmax(torch.randn(3, 2, 7, generator=torch.Generator().manual_seed(0)), -1)
+    scores = torch.tensor([[-1.0, -2.0]]).expand(3, 2)
+    cand_scores, tokens, origins = sample_candidates(lprobs, scores, topk=1)
+    assert torch.equal(tokens, lprobs.argmax(-1))
+    assert torch.equal(origins, torch.tensor([[0, 1]]).expand(3, 2))
+    assert torch.allclose(cand_scores, scores + lprobs.max(-1).values)
+
+
+def test_sampling_respects_topk_and_topp():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    lprobs = probs.log().expand(1, 4000, 4)  # 4000 independent draws
+    rng = torch.Generator().manual_seed(1)
+    _, tokens, _ = sample_candidates(lprobs, torch.zeros(1, 4000), topk=2, generator=rng)
+    assert set(tokens.unique().tolist()) == {0, 1}
+    # topp=0.7: mass before token 1 is 0.5 < 0.7 (kept), before token 2 is 0.8 (dropped).
+    _, tokens, _ = sample_candidates(lprobs, torch.zeros(1, 4000), topp=0.7, generator=rng)
+    assert set(tokens.unique().tolist()) == {0, 1}
+    share = tokens.eq(0).float().mean().item()
+    assert share == pytest.approx(0.5 / 0.8, abs=0.05)  # renormalized over the kept set
+    _, tokens, _ = sample_candidates(lprobs, torch.zeros(1, 4000), generator=rng)
+    assert set(tokens.unique().tolist()) == {0, 1, 2, 3}
+    assert math.isclose(tokens.eq(3).float().mean().item(), 0.05, abs_tol=0.02)

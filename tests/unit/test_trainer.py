@@ -1,0 +1,168 @@
+"""The training loop on the demo data dir with a tiny model: outputs, numerics, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.errors import NmtError
+from nmt.training import trainer as trainer_module
+from nmt.training.config import OptimConfig
+from nmt.training.trainer import Trainer
+from train_helpers import TINY_MODEL, run_training, tiny_config
+
+
+def _events(save_dir: Path) -> list[dict]:
+    lines = (save_dir / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=6, valid_split="test",
+                      validate_interval_updates=3, save_interval_updates=2, keep_last=2,
+                      tensorboard=True)
+    result = run_training(cfg)
+    assert result.num_updates == 6 and result.stop_reason == "max_update"
+    run = tmp_path / "run"
+    names = {p.name for p in run.glob("checkpoint*.pt")}
+    assert {"checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_1_4.pt", "checkpoint_1_6.pt"} <= names
+    assert "checkpoint_1_2.pt" not in names  # pruned by keep_last=2
+    assert (run / "config.yaml").read_text().startswith("data: ")
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+    events = _events(run)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "stop"
+    train = [e for e in events if e["type"] == "train"]
+    assert [e["update"] for e in train] == [2, 4, 6]
+    for e in train:
+        assert math.isclose(e["ppl"], 2 ** e["nll"], rel_tol=1e-9)
+        assert e["tok_s"] > 0 and e["gnorm"] > 0 and e["lr"] > 0
+    valid = [e for e in events if e["type"] == "valid"]
+    assert [e["update"] for e in valid] == [3, 6]
+
+    ckpt = load_checkpoint(run / "checkpoint_last.pt")  # weights_only=True inside
+    state = ckpt["train_state"]
+    assert state["num_updates"] == 6 and state["epoch"] == 1 and state["position"] > 0
+    assert ckpt["config"]["max_update"] == 6 and ckpt["data"]["src_lang"] == "en"
+    bundle = load_for_inference(run / "checkpoint_best.pt")  # what nmt-generate needs, alone
+    assert bundle.tgt_tokenizer.decode(bundle.tgt_tokenizer.encode("ein Hund")) == "ein Hund"
+
+
+def test_training_lowers_the_loss(demo_data_dir, tmp_path):
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=40, log_interval=20, no_save=True,
+                      optim=OptimConfig(lr=3e-3, scheduler="fixed", warmup_updates=0))
+    run_training(cfg)
+    train = [e for e in _events(tmp_path / "run") if e["type"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5
+
+
+def test_bf16_follows_the_fp32_loss_curve(demo_data_dir, tmp_path):
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        cfg = tiny_config(demo_data_dir, tmp_path / precision, precision=precision, max_update=8,
+                          log_interval=4, no_save=True)
+        run_training(cfg)
+        losses[precision] = [e["loss"] for e in _events(tmp_path / precision) if e["type"] == "train"]
+    assert losses["fp32"] != losses["bf16"]  # autocast really ran
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.02)
+
+
+def test_clip_norm_logs_the_unclipped_norm(demo_data_dir, tmp_path):
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", clip_norm=1e-3, max_update=2, no_save=True)
+    run_training(cfg)
+    gnorm = [e["gnorm"] for e in _events(tmp_path / "run") if e["type"] == "train"]
+    assert gnorm[0] > 1e-2
+
+
+def test_max_epoch_and_eval_bleu(demo_data_dir, tmp_path):
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=0, max_epoch=1, valid_split="test",
+                      eval_bleu=True, eval_bleu_max_sentences=8, eval_bleu_len_b=3, best_metric="bleu")
+    result = run_training(cfg)
+    assert result.stop_reason == "max_epoch" and result.epoch == 2
+    valid = [e for e in _events(tmp_path / "run") if e["type"] == "valid"]
+    assert len(valid) == 1 and 0.0 <= valid[0]["bleu"] <= 100.0
+    assert (tmp_path / "run" / "checkpoint_1_{}.pt".format(result.num_updates)).exists()
+
+
+def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
+    values = iter([5.0, 4.0, 4.5, 4.6, 4.7])
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"loss": next(values), "nll": 0.0})
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=20, valid_split="test",
+                      validate_interval_updates=1, patience=2)
+    result = run_training(cfg)
+    assert result.stop_reason == "patience" and result.num_updates == 4 and result.best == 4.0
+    state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
+    assert state["best"]["bad_validations"] == 2
+
+
+def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkeypatch):
+    real_loss = trainer_module.label_smoothed_nll_loss
+    calls = {"n": 0}
+
+    def poisoned(logits, target, eps, pad):
+        calls["n"] += 1
+        out = real_loss(logits, target, eps, pad)
+        if calls["n"] == 3:  # update 3 (update_freq 1)
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer_module, "label_smoothed_nll_loss", poisoned)
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", save_interval_updates=2, max_update=10)
+    with pytest.raises(NmtError, match=r"update 3: the loss or gradient is not finite"):
+        run_training(cfg)
+    # the last good checkpoint is untouched
+    state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
+    assert state["train_state"]["num_updates"] == 2
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_long_sentences_are_skipped_on_train_and_an_error_on_valid(demo_data_dir, tmp_path, capsys):
+    short = replace(TINY_MODEL, max_source_positions=12, max_target_positions=12)
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", model=short, max_update=1, no_save=True)
+    run_training(cfg)
+    err = capsys.readouterr().err
+    assert "train: skipped" in err and "longer than the model's positions" in err
+    with pytest.raises(NmtError, match=r"/test: \d+ pairs .* longer than the model's positions"):
+        Trainer(replace(cfg, valid_split="test"))
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"precision": "fp16"}, "precision=fp16"),
+    ({"precision": "fp8"}, "precision='fp8'"),
+    ({"best_metric": "bleu"}, "best_metric=bleu"),
+    ({"update_freq": 0}, "update_freq=0"),
+    ({"train_split": "nope"}, "train_split='nope'"),
+    ({"data": "/nonexistent/data-bin"}, "/nonexistent/data-bin"),
+])
+def test_config_mistakes_are_one_line_errors_naming_the_key(demo_data_dir, tmp_path, overrides, key):
+    cfg = tiny_config(demo_data_dir, tmp_path / "run", **overrides)
+    with pytest.raises(NmtError) as info:
+        Trainer(cfg)
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_resuming_with_another_architecture_is_refused(demo_data_dir, tmp_path):
+    run_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=1))
+    wider = replace(TINY_MODEL, embed_dim=32)
+    with pytest.raises(NmtError, match="model.embed_dim=16 but the config says 32"):
+        Trainer(tiny_config(demo_data_dir, tmp_path / "run", model=wider, max_update=2))
+
+
+def test_cli_composes_the_yaml_and_reports_errors_in_one_line(demo_data_dir, tmp_path, capsys):
+    from nmt.cli import compose_config, main, to_dataclass
+
+    cfg = to_dataclass(compose_config("train", [f"data={demo_data_dir}", "model=transformer_small",
+                                                "optim=adam_cosine", "max_update=100"]))
+    assert cfg.model.encoder_layers == 3 and cfg.optim.scheduler == "cosine"
+    with pytest.raises(SystemExit) as info:
+        main("train", [f"data={tmp_path / 'missing'}", f"save_dir={tmp_path / 'run'}"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("nmt-train: error: ") and "missing" in err[0]

@@ -1,0 +1,46 @@
+"""Shared by the training tests: a tiny model and a fast TrainConfig on the demo data dir.
+
+The demo data dir's `valid` split (500 pairs) serves as the training split and `test` as
+the validation split, so an epoch is ~25 small batches and runs in well under a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.model.config import ModelConfig
+from nmt.training.config import OptimConfig, TrainConfig
+
+TINY_MODEL = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1, decoder_layers=1,
+                         dropout=0.1, share_decoder_input_output_embed=True)
+NO_DROPOUT = replace(TINY_MODEL, dropout=0.0)  # DDP tests: each rank has its own dropout stream
+
+
+def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
+    """A TrainConfig that trains the tiny model for a few updates, without slow extras."""
+    model = overrides.pop("model", TINY_MODEL)
+    optim = overrides.pop("optim", OptimConfig(lr=1e-3, warmup_updates=4, warmup_init_lr=1e-4))
+    base = TrainConfig(data=str(data_dir), save_dir=str(save_dir), train_split="valid", valid_split="",
+                       model=model, optim=optim, max_tokens=500, device="cpu", threads=1,
+                       max_update=6, log_interval=2, progress_bar=False, tensorboard=False, keep_last=-1)
+    return replace(base, **overrides)
+
+
+def run_training(cfg: TrainConfig):
+    from nmt.training.trainer import Trainer
+
+    return Trainer(cfg).run()
+
+
+def last_params(save_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(Path(save_dir) / "checkpoint_last.pt")["model"]
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"tensors differ: {different[:5]}"
