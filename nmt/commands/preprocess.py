@@ -10,12 +10,15 @@ only with `overwrite=true`, and only once the new one is complete.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -161,6 +164,8 @@ def _scan_inputs(cfg: PreprocessConfig) -> list[SplitInput]:
         scans = [scan_file(Path(f"{base}.{lang}"), cfg.chunk_lines, check_utf8)
                  for lang in (cfg.data.src, cfg.data.tgt)]
         check_parallel(*scans)
+        if name == "train" and scans[0].lines == 0:
+            raise NmtError(f"data.trainpref={prefix}: the training files are empty")
         splits.append(SplitInput(name, scans[0], scans[1], is_train=name == "train"))
     return splits
 
@@ -227,14 +232,47 @@ def _reuse(path: str, key: str) -> Tokenizer:
 
 
 def _train(cfg: PreprocessConfig, scans: list[FileScan], what: str) -> Tokenizer:
+    """Train in a child process: SentencePiece's C++ trainer ignores Ctrl-C for minutes on
+    a large corpus, while a child can be stopped at once."""
     s = cfg.spm
     print(f"{PROG}: training a {s.model_type.value} SentencePiece model of {s.vocab_size} pieces "
           f"on {what}", flush=True)
-    return train_tokenizer(
-        _training_text(scans, cfg), vocab_size=s.vocab_size, model_type=s.model_type.value,
-        character_coverage=s.character_coverage, byte_fallback=s.byte_fallback,
-        input_sentence_size=s.input_sentence_size, user_defined_symbols=s.user_defined_symbols,
-        num_threads=s.num_threads, seed=s.seed, what=what)
+    ctx = multiprocessing.get_context()
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_train_child, args=(sender, cfg, scans, what), daemon=True)
+    child.start()
+    sender.close()  # so that recv() sees EOF if the child dies
+    try:
+        status, payload = receiver.recv()
+    except EOFError:
+        raise NmtError(f"SentencePiece training on {what} died (out of memory?); set "
+                       "spm.input_sentence_size to train on a sample") from None
+    finally:
+        if child.is_alive():
+            child.terminate()
+        child.join()
+    if status == "error":
+        raise NmtError(payload)
+    return Tokenizer(payload, name=f"SentencePiece model of {what}")
+
+
+def _train_child(sender: Connection, cfg: PreprocessConfig, scans: list[FileScan],
+                 what: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    s = cfg.spm
+    try:
+        tok = train_tokenizer(
+            _training_text(scans, cfg), vocab_size=s.vocab_size, model_type=s.model_type.value,
+            character_coverage=s.character_coverage, byte_fallback=s.byte_fallback,
+            input_sentence_size=s.input_sentence_size,
+            user_defined_symbols=s.user_defined_symbols, num_threads=s.num_threads, seed=s.seed,
+            what=what)
+    except NmtError as exc:
+        sender.send(("error", str(exc)))
+    else:
+        sender.send(("ok", tok.model_bytes))
+    finally:
+        sender.close()
 
 
 def _training_text(scans: list[FileScan], cfg: PreprocessConfig) -> Iterator[str]:
@@ -251,6 +289,12 @@ def _training_text(scans: list[FileScan], cfg: PreprocessConfig) -> Iterator[str
 
 def _move_into_place(tmp: Path, dest: Path) -> None:
     """Rename the finished dir to `dest`; an old data dir there is removed only afterwards."""
+    for path in (*tmp.iterdir(), tmp):  # on disk before the rename makes them visible
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     old = None
     if dest.exists():
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"

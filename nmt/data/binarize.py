@@ -15,6 +15,9 @@ import itertools
 import multiprocessing
 import os
 import signal
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -105,10 +108,8 @@ class TokenArrayWriter:
         self.sentences += len(lengths)
 
     def close(self) -> None:
-        for f in (self._bin, self._idx):
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+        self._bin.close()
+        self._idx.close()
 
 
 @dataclass
@@ -165,12 +166,11 @@ class _ChunkEncoder:
         if len(src_lines) != len(tgt_lines):  # the scan matched the counts; files changed since
             raise NmtError(f"{task.src} and {task.tgt} changed while being read; run again")
         n = len(src_lines)
-        usable = np.array([a is not None and b is not None for a, b in zip(src_lines, tgt_lines)],
-                          dtype=bool)
-        removed = {INVALID_UTF8: int(n - usable.sum())}
-        if removed[INVALID_UTF8]:
-            src_lines = [t for t, ok in zip(src_lines, usable) if ok]
-            tgt_lines = [t for t, ok in zip(tgt_lines, usable) if ok]
+        removed = {INVALID_UTF8: 0}
+        if None in src_lines or None in tgt_lines:  # lines skipped for invalid UTF-8 drop the pair
+            pairs = [(a, b) for a, b in zip(src_lines, tgt_lines) if a is not None and b is not None]
+            removed[INVALID_UTF8] = n - len(pairs)
+            src_lines, tgt_lines = [a for a, _ in pairs], [b for _, b in pairs]
         src_ids, src_lens = self._encode(self.src, src_lines)
         tgt_ids, tgt_lens = self._encode(self.tgt, tgt_lines)
         if task.clean is not None:
@@ -224,33 +224,51 @@ class SplitStats:
 
 
 class Encoder:
-    """Encodes splits with `workers` processes (or in-process for one); use as a context."""
+    """Encodes splits with `workers` processes (or in-process for one); use as a context.
+
+    A process pool from concurrent.futures, not multiprocessing.Pool: if a worker dies
+    (killed, out of memory) the run fails at once instead of waiting forever for its chunk.
+    At most `2 * workers` chunks are in flight, so memory stays bounded on any corpus.
+    """
 
     def __init__(self, settings: EncodeSettings, workers: int) -> None:
         self.settings = settings
         self.workers = workers
-        self._pool: multiprocessing.pool.Pool | None = None
+        self._pool: ProcessPoolExecutor | None = None
         self._local: _ChunkEncoder | None = None
 
     def __enter__(self) -> "Encoder":
         if self.workers > 1:
-            self._pool = multiprocessing.get_context().Pool(
-                self.workers, initializer=_init_worker, initargs=(self.settings,))
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(),
+                                             initializer=_init_worker, initargs=(self.settings,))
         else:
             self._local = _ChunkEncoder(self.settings)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def _results(self, tasks: list[ChunkTask]) -> Iterator[ChunkResult]:
-        if self._pool is not None:
-            return self._pool.imap(_run_chunk, tasks)  # imap keeps the order of the tasks
-        assert self._local is not None
-        return map(self._local, tasks)
+        """Results in the order of `tasks`, whatever order the workers finish in."""
+        if self._pool is None:
+            assert self._local is not None
+            yield from map(self._local, tasks)
+            return
+        pending: deque[Future[ChunkResult]] = deque()
+        queue = iter(tasks)
+        for task in itertools.islice(queue, 2 * self.workers):
+            pending.append(self._pool.submit(_run_chunk, task))
+        while pending:
+            try:
+                result = pending.popleft().result()
+            except BrokenProcessPool as exc:
+                raise NmtError("an encoding worker process died (out of memory?); run again "
+                               "with fewer workers or a smaller chunk_lines") from exc
+            for task in itertools.islice(queue, 1):
+                pending.append(self._pool.submit(_run_chunk, task))
+            yield result
 
     def encode_split(self, src: FileScan, tgt: FileScan, chunk_lines: int, out_prefix_src: Path,
                      out_prefix_tgt: Path, clean: CleanRules | None,

@@ -125,8 +125,8 @@ def _training_error(message: str, vocab_size: int, what: str) -> str:
         return (f"spm.vocab_size={vocab_size}: {what} needs at least {too_low.group(2)} pieces "
                 f"for its characters; set spm.vocab_size={too_low.group(2)} or more "
                 "(or lower spm.character_coverage)")
-    if "no sentences" in message.lower() or "input sentence is empty" in message.lower():
-        return f"{what}: no text to train SentencePiece on; check data.trainpref"
+    if "sentences_.empty()" in message:
+        return f"{what}: no text to train SentencePiece on (every line is empty); check the files"
     return f"SentencePiece training on {what} failed: {_first_line(message)}"
 
 

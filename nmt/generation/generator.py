@@ -100,7 +100,10 @@ class SequenceGenerator:
         lprobs, attn = [], []
         for m in members:
             logits, a = m.step(tokens, self.attn_layer)
-            lprobs.append(torch.log_softmax(logits.float() / self.search.temperature, dim=-1))
+            logits = logits.float()
+            if self.search.temperature != 1.0:
+                logits = logits / self.search.temperature
+            lprobs.append(torch.log_softmax(logits, dim=-1))
             if a is not None:
                 attn.append(a)
         lp = lprobs[0] if len(lprobs) == 1 else torch.stack(lprobs).mean(0)
@@ -147,8 +150,10 @@ class SequenceGenerator:
         for step in range(longest + 1):
             n = sent.numel()
             lp, step_attn = self._lprobs(members, tokens)  # [R,V], [R,S] | None
-            forced = self._forced_tokens(step, prefix, row_max, min_row_max)  # [R] | None
-            forced_lp = None if forced is None else lp.gather(1, forced.clamp(min=0).unsqueeze(1))
+            forced = self._forced_tokens(step, prefix, row_max, min_row_max)  # ([F], [F]) | None
+            if forced is not None:
+                f_rows, f_tokens = forced
+                f_lp = lp[f_rows, f_tokens]  # the model's own log-prob, before any penalty
             lp[:, (PAD, BOS)] = NEG_INF  # never generated
             if s.unkpen:
                 lp[:, UNK] -= s.unkpen
@@ -156,11 +161,9 @@ class SequenceGenerator:
                 lp[:, EOS] = NEG_INF
             if s.no_repeat_ngram_size:
                 block_repeated_ngrams(tokens[:, 1:], lp, s.no_repeat_ngram_size)
-            if forced is not None:
-                # Forced rows may only produce their token, at the model's own log-prob.
-                only = torch.full_like(lp, NEG_INF).scatter_(1, forced.clamp(min=0).unsqueeze(1),
-                                                             forced_lp)
-                lp = torch.where(forced.ge(0).unsqueeze(1), only, lp)
+            if forced is not None:  # forced rows may only produce their token
+                lp[f_rows] = NEG_INF
+                lp[f_rows, f_tokens] = f_lp
 
             lp3 = lp.view(n, k, -1)  # [N,K,V]
             if s.sampling:
@@ -216,21 +219,22 @@ class SequenceGenerator:
         return self._collect(fin_tokens, fin_pos, fin_scores, fin_len, fin_count, fin_attn)
 
     def _forced_tokens(self, step: int, prefix: Tensor | None, row_max: Tensor,
-                       min_row_max: int) -> Tensor | None:
-        """The token each row must produce at this step [R] (-1 = free), or None.
+                       min_row_max: int) -> tuple[Tensor, Tensor] | None:
+        """(rows [F], tokens [F]) that must be produced at this step, or None.
 
         A prefix token is forced while the prefix lasts; EOS once a row reaches its length
         limit (that wins over the prefix)."""
-        k = self.beam
-        forced = None
-        if prefix is not None and step < prefix.size(1):
-            col = prefix[:, step].repeat_interleave(k)  # [R]
-            forced = torch.where(col.eq(PAD), -1, col)
+        in_prefix = prefix is not None and step < prefix.size(1)
+        if not in_prefix and step < min_row_max:
+            return None
+        forced = torch.full_like(row_max, -1)  # [R], -1 = free
+        if in_prefix:
+            col = prefix[:, step].repeat_interleave(self.beam)  # [R]
+            forced = torch.where(col.eq(PAD), forced, col)
         if step >= min_row_max:
-            at_limit = row_max.le(step)
-            free = torch.full_like(row_max, -1) if forced is None else forced
-            forced = torch.where(at_limit, EOS, free)
-        return forced
+            forced = torch.where(row_max.le(step), EOS, forced)
+        rows = forced.ge(0).nonzero().squeeze(1)
+        return (rows, forced[rows]) if rows.numel() else None
 
     def _collect(self, fin_tokens: Tensor, fin_pos: Tensor, fin_scores: Tensor, fin_len: Tensor,
                  fin_count: Tensor, fin_attn: Tensor | None) -> list[list[Hypothesis]]:

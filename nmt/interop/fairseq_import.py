@@ -62,7 +62,10 @@ def _plain(obj: Any) -> Any:
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     if isinstance(obj, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(obj, resolve=True, throw_on_missing=False)
+        try:
+            return OmegaConf.to_container(obj, resolve=True, throw_on_missing=False)
+        except Exception:  # an interpolation that cannot resolve: keep it as written
+            return OmegaConf.to_container(obj, resolve=False)
     return obj
 
 
@@ -450,6 +453,11 @@ def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str 
     _check_dictionary_size(ckpt, "decoder.embed_tokens.weight", tgt_symbols, str(tgt_dict))
     src_map = vocab_map(spm_pieces(fixed["src"]), src_symbols)
     tgt_map = vocab_map(spm_pieces(fixed["tgt"]), tgt_symbols)
+    for vmap, sp_path, dict_path in ((src_map, src_spm, src_dict), (tgt_map, tgt_spm, tgt_dict)):
+        if vmap.missing > (len(vmap.rows) - 4) / 2:
+            raise NmtError(f"{dict_path}: {vmap.missing} of {len(vmap.rows) - 4} pieces of {sp_path} "
+                           "are not in this dictionary; pass the SentencePiece model the fairseq "
+                           "data was encoded with")
     joint = fixed["src"] == fixed["tgt"]
     if cfg["share_all_embeddings"] and (not joint or src_symbols != tgt_symbols):
         raise NmtError(f"{checkpoint}: share_all_embeddings needs one joint dictionary and one "

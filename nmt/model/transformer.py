@@ -44,9 +44,11 @@ def attend_mask(padding_mask: Tensor) -> Tensor | None:
     """[B,S] pad mask -> SDPA mask [B,1,1,S] (True = attend), or None without padding.
 
     Dropping the mask lets SDPA pick its fastest kernel. The check reads the data, so it
-    is skipped under torch.compile, where a branch on data would break the graph.
+    runs only on CPU tensors in eager mode: on a GPU it would wait for the device, and
+    under torch.compile a branch on data would break the graph.
     """
-    if not torch.compiler.is_compiling() and not bool(padding_mask.any()):
+    if (padding_mask.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not bool(padding_mask.any())):
         return None
     return ~padding_mask[:, None, None, :]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from nmt.commands.preprocess import run
+from nmt.data import binarize
 from nmt.data.binarize import TokenArray, TokenArrayWriter, dtype_for_vocab
 from nmt.errors import NmtError
 
@@ -95,3 +97,11 @@ def test_output_is_the_same_for_any_worker_count(preprocess_config, tmp_path: Pa
     for key in ("workers", "chunk_lines", "overwrite"):
         assert meta_one["config"].pop(key) != meta_three["config"].pop(key)
     assert meta_one == meta_three
+
+
+def test_a_dying_worker_fails_the_run_instead_of_hanging(preprocess_config, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(binarize._ChunkEncoder, "__call__", lambda self, task: os._exit(3))
+    with pytest.raises(NmtError, match="worker process died"):
+        run(preprocess_config("workers=2", "chunk_lines=100"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]

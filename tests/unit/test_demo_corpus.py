@@ -26,7 +26,8 @@ def gen():
     (121, "hunderteinundzwanzig"), (200, "zweihundert"), (321, "dreihunderteinundzwanzig"),
     (999, "neunhundertneunundneunzig"), (1000, "tausend"), (1001, "tausendeins"),
     (2021, "zweitausendeinundzwanzig"), (21000, "einundzwanzigtausend"),
-    (101000, "hunderteintausend"), (999999, "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
+    (101000, "hunderteintausend"),
+    (999999, "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
 ])
 def test_german_numbers(gen, n: int, german: str) -> None:
     assert gen.german_number(n) == german

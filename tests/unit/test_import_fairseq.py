@@ -332,6 +332,11 @@ def test_a_dictionary_of_another_model_is_refused(spms, tmp_path):
     ckpt = read_fairseq_checkpoint(tmp_path / "checkpoint_best.pt")
     with pytest.raises(NmtError, match=r"dict\.small\.txt: 6 symbols"):
         import_fairseq(ckpt, small, small, spms["joint"], spms["joint"])
+    rows = ckpt.state["encoder.embed_tokens.weight"].shape[0]
+    other = tmp_path / "dict.other.txt"  # the right size, but another segmentation's symbols
+    other.write_text("".join(f"w{i} 1\n" for i in range(rows - 4)), encoding="utf-8")
+    with pytest.raises(NmtError, match=r"dict\.other\.txt: \d+ of \d+ pieces of .* are not in this"):
+        import_fairseq(ckpt, other, other, spms["joint"], spms["joint"])
 
 
 def test_dictionary_format_errors_name_the_line(tmp_path):

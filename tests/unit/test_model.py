@@ -102,6 +102,26 @@ def test_cache_reorder_equals_recomputing_reordered_prefixes():
     assert (cached - full[:, 4:]).abs().max() <= 1e-5
 
 
+def test_reorder_every_step_with_shrinking_batch_equals_recomputing():
+    """Beam-search-like use: a reorder after every step, rows dropped on the way."""
+    model = make_model(seed=5, normalize_before=True)
+    src = tokens([6, 3, 5, 7], SRC_V)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.new_cache()
+        history = torch.full((4, 1), EOS)  # every row's decoder input so far
+        for rows_after in (4, 4, 3, 3, 2, 2):
+            cached, _ = model.decode(history[:, -1:], enc, cache)
+            full, _ = model.decode(history, enc)
+            assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5
+            index = torch.randint(0, history.size(0), (rows_after,), generator=gen)
+            cache.reorder(index)
+            enc = enc.reorder(index)
+            step = torch.randint(4, TGT_V, (rows_after, 1), generator=gen)
+            history = torch.cat([history[index], step], 1)
+
+
 def test_reorder_keep_encoder_within_sentence_beams():
     """Beam search's reorder: rows stay within their sentence, encoder states need not move."""
     model = make_model(seed=2)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +38,8 @@ def test_demo_valid_and_test_decode_to_the_raw_text(demo_data_dir: Path, demo_co
     for split in ("valid", "test"):
         for lang, side in (("en", "src"), ("de", "tgt")):
             raw = (demo_corpus / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
-            assert _decoded(demo_data_dir, split, lang, side) == [normalize_text(t, False) for t in raw]
+            expected = [normalize_text(t, False) for t in raw]
+            assert _decoded(demo_data_dir, split, lang, side) == expected
 
 
 def test_demo_counts_add_up(demo_data_dir: Path, demo_corpus: Path) -> None:
@@ -81,7 +86,8 @@ def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_c
     expected_counts = {"invalid_utf8": 0, "empty": 0, "too_long": 0, "ratio": 0}
     expected_kept, rule_of_line = [], {}
     for i, (s, t) in enumerate(zip(en, de)):
-        ls, lt = len(tok.encode(normalize_text(s, False))), len(tok.encode(normalize_text(t, False)))
+        ls = len(tok.encode(normalize_text(s, False)))
+        lt = len(tok.encode(normalize_text(t, False)))
         rule = ("empty" if min(ls, lt) == 0 else "too_long" if max(ls, lt) > 100
                 else "ratio" if max(ls, lt) > 2.5 * min(ls, lt) else None)
         if rule:
@@ -93,7 +99,8 @@ def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_c
     assert meta.splits["train"].kept == len(expected_kept)
     assert _decoded(tmp_path / "out", "train", "de", "tgt") == expected_kept
     # each constructed line was caught by its rule
-    assert [rule_of_line.get(i) for i in (3, 50, 120, 399)] == ["empty", "empty", "too_long", "ratio"]
+    caught = [rule_of_line.get(i) for i in (3, 50, 120, 399)]
+    assert caught == ["empty", "empty", "too_long", "ratio"]
     assert meta.splits["valid"].kept == meta.splits["valid"].lines == 4
     assert _decoded(tmp_path / "out", "valid", "de", "tgt")[1] == ""
 
@@ -107,7 +114,8 @@ def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_c
 def test_crlf_bom_and_nfkc(small_corpus: Path, preprocess_config, tmp_path: Path) -> None:
     valid_en = ["\ufeffThe number \ufb01ve.\r", "  Tom   says\tthat we count ten cups.\r"]
     (small_corpus / "valid.en").write_bytes("\n".join(valid_en).encode("utf-8"))  # no final \n
-    _write(small_corpus / "valid.de", ["Die Zahl fünf.", "Tom sagt, dass wir zehn Tassen zählen."])
+    _write(small_corpus / "valid.de",
+           ["Die Zahl fünf.", "Tom sagt, dass wir zehn Tassen zählen."])
     run(preprocess_config("nfkc=true"))
     assert load_meta(tmp_path / "out").normalization == {"nfkc": True}
     assert _decoded(tmp_path / "out", "valid", "en", "src") == [
@@ -117,7 +125,8 @@ def test_crlf_bom_and_nfkc(small_corpus: Path, preprocess_config, tmp_path: Path
 def test_several_test_sets_keep_their_names(small_corpus: Path, preprocess_config,
                                             tmp_path: Path) -> None:
     for lang in ("en", "de"):
-        (small_corpus / f"test_2016.{lang}").write_bytes((small_corpus / f"valid.{lang}").read_bytes())
+        copy = (small_corpus / f"valid.{lang}").read_bytes()
+        (small_corpus / f"test_2016.{lang}").write_bytes(copy)
     run(preprocess_config(f"data.testpref=[{small_corpus / 'test'},{small_corpus / 'test_2016'}]",
                           "data.validpref=null"))
     meta = load_meta(tmp_path / "out")
@@ -129,14 +138,16 @@ def test_several_test_sets_keep_their_names(small_corpus: Path, preprocess_confi
                               f"data.dest={tmp_path / 'other'}"))
 
 
-def test_existing_data_dir_is_replaced_only_with_overwrite(preprocess_config, tmp_path: Path) -> None:
+def test_existing_data_dir_is_replaced_only_with_overwrite(preprocess_config,
+                                                           tmp_path: Path) -> None:
     run(preprocess_config())
     before = (tmp_path / "out" / "meta.json").read_bytes()
     with pytest.raises(NmtError, match="overwrite=true"):
         run(preprocess_config("clean.max_ratio=null"))
     assert (tmp_path / "out" / "meta.json").read_bytes() == before
     run(preprocess_config("clean.max_ratio=null", "overwrite=true"))
-    assert json.loads((tmp_path / "out" / "meta.json").read_bytes())["config"]["clean"]["max_ratio"] is None
+    meta = json.loads((tmp_path / "out" / "meta.json").read_bytes())
+    assert meta["config"]["clean"]["max_ratio"] is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out"]  # no temp or old dirs
 
 
@@ -174,9 +185,29 @@ def test_default_config_and_overrides() -> None:
 
 
 @pytest.mark.parametrize("override, key", [
-    ("data.sorce=en", "sorce"), ("workers=two", "workers"), ("on_invalid_utf8=ignore", "on_invalid_utf8"),
+    ("data.sorce=en", "sorce"), ("workers=two", "workers"),
+    ("on_invalid_utf8=ignore", "on_invalid_utf8"),
     ("spm.model_type=wordpiece", "model_type"),
 ])
 def test_config_mistakes_are_one_line_errors(nmt_cli, override: str, key: str) -> None:
     code, _, err = nmt_cli("preprocess", override)
     assert code != 0 and len(err.splitlines()) == 1 and key in err
+
+
+def test_ctrl_c_during_tokenizer_training_stops_at_once(preprocess_config, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def endless_training(*args: object, **kwargs: object) -> None:
+        time.sleep(60)  # stands in for SentencePiece's C++ trainer, deaf to signals
+
+    monkeypatch.setattr(preprocess, "train_tokenizer", endless_training)
+    cfg = preprocess_config()
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(cfg)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]

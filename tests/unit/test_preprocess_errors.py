@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta
 from nmt.data.tokenizer import load_tokenizers
-from nmt.data.binarize import TokenArray
 
 
 @pytest.fixture
@@ -111,3 +111,15 @@ def test_existing_data_dir_without_overwrite(nmt_cli, corpus_args, tmp_path: Pat
     assert code != 0 and len(err.splitlines()) == 1
     assert f"data.dest={tmp_path / 'out'}" in err and "overwrite=true" in err
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("", "the training files are empty"),
+    ("\n \n\t\n", "every line is empty"),
+])
+def test_training_files_without_text(nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path,
+                                     content: str, needle: str) -> None:
+    for lang in ("en", "de"):
+        (small_corpus / f"train.{lang}").write_text(content, encoding="utf-8")
+    code, _, err = nmt_cli("preprocess", *corpus_args)
+    _assert_one_line_error(code, err, tmp_path, str(small_corpus / "train"), needle)

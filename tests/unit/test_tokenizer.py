@@ -25,7 +25,8 @@ def _lines(corpus: Path, name: str) -> list[str]:
 def tokenizer(small_corpus: Path) -> Tokenizer:
     text = _lines(small_corpus, "train.en") + _lines(small_corpus, "train.de")
     return train_tokenizer(text, vocab_size=400, model_type="unigram", character_coverage=1.0,
-                           byte_fallback=True, input_sentence_size=0, user_defined_symbols=["<sep>"],
+                           byte_fallback=True, input_sentence_size=0,
+                           user_defined_symbols=["<sep>"],
                            num_threads=1, seed=1, what="small corpus")
 
 
@@ -104,7 +105,8 @@ def test_preprocess_reuses_a_given_model(preprocess_config, tmp_path: Path) -> N
     run(preprocess_config(f"data.dest={tmp_path / 'second'}", f"spm.model={model}",
                           "spm.vocab_size=999"))  # ignored: the reused model decides
     meta = load_meta(tmp_path / "second")
-    assert meta.tokenizers["src"]["sha256"] == load_meta(tmp_path / "first").tokenizers["src"]["sha256"]
+    first_meta = load_meta(tmp_path / "first")
+    assert meta.tokenizers["src"]["sha256"] == first_meta.tokenizers["src"]["sha256"]
     assert meta.src_vocab_size == 200
     for name in ("spm.model", "train.en.bin", "train.de.bin", "test.de.idx"):
         assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes()
@@ -123,7 +125,8 @@ def test_separate_vocabularies(preprocess_config, tmp_path: Path) -> None:
     decoded = [tgt_tok.decode(TokenArray(out / "valid.de")[i]) for i in range(len(raw))]
     assert decoded == raw
     # the two models can be reused as a pair
-    run(preprocess_config(f"data.dest={tmp_path / 'again'}", f"spm.src_model={out / 'spm.en.model'}",
+    run(preprocess_config(f"data.dest={tmp_path / 'again'}",
+                          f"spm.src_model={out / 'spm.en.model'}",
                           f"spm.tgt_model={out / 'spm.de.model'}"))
     assert (tmp_path / "again" / "valid.de.bin").read_bytes() == (out / "valid.de.bin").read_bytes()
 
