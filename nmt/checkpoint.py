@@ -7,6 +7,7 @@ code. The tokenizer(s) travel inside, so generation needs nothing but the file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, fields
@@ -18,6 +19,33 @@ import torch
 from nmt.errors import NmtError
 
 FORMAT_VERSION = 1
+CHECKSUM_KEY = "checksum"  # "sha256:<hex>" of every other entry, see payload_checksum
+
+
+def _feed(h: "hashlib._Hash", obj: Any) -> None:
+    """Hash `obj` canonically: tensors by dtype, shape and bytes; containers in order."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(obj.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy())  # raw bytes of any dtype (bf16 included)
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)};".encode())
+        for key, value in obj.items():  # pickle keeps insertion order, so this is stable
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"L{len(obj)};".encode())
+        for value in obj:
+            _feed(h, value)
+    else:  # str, int, float (repr round-trips exactly), bool, None, torch.dtype, ...
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def payload_checksum(obj: dict[str, Any]) -> str:
+    """sha256 over every entry but the checksum itself: catches bit flips torch.load misses."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in obj.items() if k != CHECKSUM_KEY})
+    return "sha256:" + h.hexdigest()
 
 
 def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
@@ -27,8 +55,17 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
     partial one. A full disk raises NmtError and leaves the previous file intact.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    obj = {**obj, CHECKSUM_KEY: payload_checksum(obj)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NmtError(f"{path.parent}: cannot create the checkpoint directory "
+                       f"({exc.strerror or exc}); choose a writable path") from exc
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise NmtError(f"{path}: cannot write the checkpoint ({exc.strerror or exc}); choose a "
+                       "writable save_dir") from exc
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -66,6 +103,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if version != FORMAT_VERSION:
         raise NmtError(f"{path}: checkpoint format_version {version!r}; this nmt reads "
                        f"version {FORMAT_VERSION}")
+    stored = obj.pop(CHECKSUM_KEY, None)  # absent from files written before checksums
+    if stored is not None and stored != payload_checksum(obj):
+        raise NmtError(f"{path}: checksum mismatch, the file is corrupted; use another "
+                       "checkpoint (e.g. a numbered checkpoint_<epoch>_<update>.pt)")
     return obj
 
 
@@ -143,8 +184,10 @@ def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
     try:
         model.load_state_dict(ckpt["model"], strict=True)
     except RuntimeError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]  # line 0 is torch's generic heading
         raise NmtError(f"{path}: weights do not fit the model config stored with them: "
-                       f"{str(exc).splitlines()[0][:200]}") from exc
+                       f"{detail[:300]}") from exc
     model.to(device).eval()
     return InferenceBundle(model=model, src_tokenizer=src_tok, tgt_tokenizer=tgt_tok,
                            data=data, model_config=cfg)

@@ -94,12 +94,15 @@ class MetricResult:
 def read_lines(path: str | os.PathLike, what: str) -> list[str]:
     """The lines of a UTF-8 text file ("-": stdin), as the sacrebleu CLI reads them (rstripped)."""
     if str(path) == "-":
-        return [line.rstrip() for line in sys.stdin]
+        lines = [line.rstrip() for line in sys.stdin]
+        return [lines[0].lstrip("\ufeff"), *lines[1:]] if lines else lines
     p = Path(path)
     if not p.is_file():
         raise NmtError(f"{what} {p}: no such file")
     try:
-        with open(p, encoding="utf-8", newline="\n") as f:
+        # utf-8-sig drops a leading byte-order mark (editors on Windows write one); sacrebleu
+        # would count it as part of the first word
+        with open(p, encoding="utf-8-sig", newline="\n") as f:
             return [line.rstrip() for line in f]
     except UnicodeDecodeError as exc:
         raise NmtError(f"{what} {p}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from exc

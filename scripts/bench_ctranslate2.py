@@ -9,6 +9,12 @@ translations are identical. Tokenization, model loading and warm-up are outside 
     .venv/bin/python scripts/bench_ctranslate2.py --checkpoint runs/demo/checkpoint_best.pt
     .venv/bin/python scripts/bench_ctranslate2.py --checkpoint ckpt.pt --input test.en \
         --beam 5 --threads 2 --max-sentences 64 --profile
+    .venv/bin/python scripts/bench_ctranslate2.py --preset small --spm data-bin/m30k/spm.model \
+        --input ../shared/data/multi30k/test_2016_flickr.en
+
+--preset benchmarks a random model of a configs/model preset instead of a trained one:
+speed depends on shapes, not on weight values, so its output layer is only biased to end
+translations near --target-len tokens (and never to produce <pad> or <s>).
 """
 
 from __future__ import annotations
@@ -50,9 +56,59 @@ def line(name: str, tokens: int, wall: float, cpu: float) -> str:
             f"{tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)")
 
 
+def random_checkpoint(preset: str, spm_path: str, sample: list[np.ndarray], target_len: int,
+                      search: SearchConfig, out: Path) -> Path:
+    """A random `preset` model with the spm model as both tokenizers, saved to `out`."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    from nmt.checkpoint import build_checkpoint, save_checkpoint
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.data.vocab import BOS, PAD, SPECIAL_IDS
+    from nmt.model.config import ModelConfig
+    from nmt.model.transformer import Transformer
+
+    yaml = Path(__file__).resolve().parents[1] / "configs" / "model" / f"transformer_{preset}.yaml"
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(yaml)))
+    tok = Tokenizer.from_file(spm_path)
+    tok.check_special_ids(spm_path)
+    torch.manual_seed(0)
+    model = Transformer(cfg, tok.vocab_size, tok.vocab_size).eval()
+    dec = model.decoder
+    # One hidden feature made constant 1 and read by the output layer as a per-token bias.
+    norm = dec.layer_norm if cfg.normalize_before else dec.layers[-1].final_layer_norm
+    weight = dec.output_projection.weight  # [V,D]
+    with torch.no_grad():
+        norm.weight[0], norm.bias[0] = 0.0, 1.0
+        weight[:, 0] = 0.0
+        weight[PAD, 0] = weight[BOS, 0] = -100.0
+    src = collate([Source(i, ids, "") for i, ids in enumerate(sample)], torch.device("cpu"))
+    generator = SequenceGenerator([model], search)
+    low, high = -20.0, 40.0
+    for _ in range(14):  # bisect the </s> bias to a median output of target_len tokens
+        bias = (low + high) / 2
+        with torch.no_grad():
+            weight[EOS, 0] = bias
+        median = sorted(len(h[0].tokens) for h in generator.generate(src))[len(sample) // 2]
+        if abs(median - target_len) <= 1:
+            break
+        low, high = (bias, high) if median > target_len else (low, bias)
+    data = {"src_lang": "src", "tgt_lang": "tgt", "src_vocab_size": tok.vocab_size,
+            "tgt_vocab_size": tok.vocab_size, "joint_vocab": True, "special_ids": dict(SPECIAL_IDS),
+            "normalization": {"nfkc": False}}
+    save_checkpoint(build_checkpoint(model_state=model.state_dict(), model_config=asdict(cfg),
+                                     data=data, src_tokenizer=tok.model_bytes,
+                                     tgt_tokenizer=tok.model_bytes), out)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True, help="nmt checkpoint")
+    ap.add_argument("--checkpoint", help="nmt checkpoint (or --preset and --spm)")
+    ap.add_argument("--preset", help="benchmark a random configs/model preset (tiny, small, base, ...)")
+    ap.add_argument("--spm", help="with --preset: the SentencePiece model (nmt's ids) for both sides")
+    ap.add_argument("--target-len", type=int, default=15, help="with --preset: median output tokens")
     ap.add_argument("--input", default="data/demo/test.en", help="source text, one sentence a line")
     ap.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
     ap.add_argument("--beam", type=int, default=5)
@@ -63,20 +119,31 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per engine (best is kept)")
     ap.add_argument("--profile", action="store_true", help="also print where nmt's time goes")
     args = ap.parse_args()
+    if bool(args.checkpoint) == bool(args.preset) or bool(args.preset) != bool(args.spm):
+        ap.error("give --checkpoint, or --preset with --spm")
+    search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
     ct2 = require_ctranslate2()
     torch.set_num_threads(args.threads)
+    tmp = tempfile.TemporaryDirectory()
+    with open(args.input, encoding="utf-8") as f:
+        lines = [normalize_text(line, False) for line in f]
+    lines = lines[: args.lines] if args.lines else lines
+    if args.preset:
+        from nmt.data.tokenizer import Tokenizer
+
+        sample_tok = Tokenizer.from_file(args.spm)
+        sample = [np.array(sample_tok.encode(t) + [EOS], dtype=np.int64) for t in lines[:16]]
+        args.checkpoint = str(random_checkpoint(args.preset, args.spm, sample, args.target_len,
+                                                search, Path(tmp.name) / "random.pt"))
 
     bundle = load_for_inference(args.checkpoint, "cpu")
     tok = bundle.src_tokenizer
-    nfkc = bool(bundle.data.get("normalization", {}).get("nfkc", False))
-    with open(args.input, encoding="utf-8") as f:
-        lines = [normalize_text(line, nfkc) for line in f]
-    lines = lines[: args.lines] if args.lines else lines
+    if bundle.data.get("normalization", {}).get("nfkc", False):
+        lines = [normalize_text(t, True) for t in lines]
     sources = [Source(i, np.array(tok.encode(t) + [EOS], dtype=np.int64), t) for i, t in enumerate(lines)]
     batches = make_batches(sources, 0, args.max_sentences)
     pieces = {s.index: tok.encode_as_pieces(s.text) for s in sources}
 
-    search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
     generator = SequenceGenerator([bundle.model], search)
     nmt_out: dict[int, list[int]] = {}
 
@@ -90,17 +157,21 @@ def main() -> None:
 
     run_nmt()  # warm-up
     nmt_wall, nmt_cpu, nmt_tokens = timed(run_nmt, args.repeat)
+    cfg = bundle.model_config
+    print(f"model: {args.preset or args.checkpoint}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
+          f"{cfg.embed_dim} dim, {cfg.ffn_dim} FFN, vocab {bundle.data['tgt_vocab_size']}")
     print(f"sentences {len(sources)}, batches {len(batches)} (<= {args.max_sentences} sentences), "
           f"beam {args.beam}, lenpen {args.lenpen}, threads {args.threads}, torch {torch.__version__}, "
           f"ctranslate2 {ct2.__version__}")
+    print(f"output: {nmt_tokens} target tokens, {nmt_tokens / len(sources):.1f} per sentence (</s> included)")
     print(line("nmt fp32", nmt_tokens, nmt_wall, nmt_cpu))
 
     import sentencepiece as spm
 
     tgt = spm.SentencePieceProcessor(model_proto=bundle.tgt_tokenizer.model_bytes)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tmp:
         for quantization, compute_type in (("none", "float32"), ("int8", "int8")):
-            out = Path(tmp) / quantization
+            out = Path(tmp.name) / quantization
             export_ctranslate2(args.checkpoint, out, quantization)
             translator = ct2.Translator(str(out), device="cpu", compute_type=compute_type,
                                         intra_threads=args.threads, inter_threads=1)

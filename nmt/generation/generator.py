@@ -13,7 +13,6 @@ Semantics are fairseq's: score = sum of log-probs / length**lenpen, length count
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -65,6 +64,56 @@ class _Member:
             self.cache.reorder(order, keep_encoder=same_sentences)
         elif not same_sentences:
             self.enc = self.enc.reorder(order)
+
+
+class _Finished:
+    """Finished hypotheses of a batch: K slots per sentence, filled in the order they end."""
+
+    def __init__(self, bsz: int, k: int, longest: int, src_len: int, want_attn: bool,
+                 device: torch.device):
+        self.k = k
+        self.tokens = torch.full((bsz, k, longest + 1), PAD, dtype=torch.long, device=device)
+        self.pos = torch.zeros(bsz, k, longest + 1, device=device)
+        self.scores = torch.full((bsz, k), NEG_INF, device=device)  # length-normalized
+        self.lengths = torch.zeros(bsz, k, dtype=torch.long, device=device)
+        self.count = torch.zeros(bsz, dtype=torch.long, device=device)  # [B] slots used
+        self.attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
+
+    def add(self, sid: Tensor, slot: Tensor, prefix: Tensor, prefix_pos: Tensor, last_lp: Tensor,
+            score: Tensor, attn: Tensor | None) -> None:
+        """F hypotheses ending in EOS now: sentence sid [F], slot [F], tokens before EOS
+        prefix [F,t] with their log-probs prefix_pos [F,t], EOS's log-prob last_lp [F],
+        normalized score [F], attention [F,t+1,S] | None."""
+        t = prefix.size(1)
+        self.tokens[sid, slot, :t] = prefix
+        self.tokens[sid, slot, t] = EOS
+        self.pos[sid, slot, :t] = prefix_pos
+        self.pos[sid, slot, t] = last_lp
+        self.scores[sid, slot] = score
+        self.lengths[sid, slot] = t + 1
+        self.count.index_add_(0, sid, torch.ones_like(sid))
+        if self.attn is not None and attn is not None:
+            self.attn[sid, slot, : t + 1] = attn
+
+    def collect(self, nbest: int) -> list[list[Hypothesis]]:
+        """Per sentence, its nbest hypotheses, best first (on the CPU)."""
+        order = self.scores.argsort(dim=1, descending=True, stable=True)[:, :nbest]
+        scores = self.scores.gather(1, order).tolist()
+        lengths = self.lengths.gather(1, order).tolist()
+        counts = self.count.tolist()
+        tokens, pos = self.tokens.cpu(), self.pos.cpu()
+        attn = None if self.attn is None else self.attn.cpu()
+        out = []
+        for b, picks in enumerate(order.tolist()):
+            if counts[b] == 0:  # every path was forbidden (e.g. n-gram blocking): say nothing
+                out.append([Hypothesis(torch.tensor([EOS]), NEG_INF, torch.full((1,), NEG_INF),
+                                       None if attn is None else attn[b, 0, :1])])
+                continue
+            out.append([Hypothesis(tokens=tokens[b, j, :length], score=score,
+                                   positional_scores=pos[b, j, :length],
+                                   attention=None if attn is None else attn[b, j, :length])
+                        for j, score, length in zip(picks[: counts[b]], scores[b], lengths[b])])
+        return out
 
 
 class SequenceGenerator:
@@ -124,13 +173,7 @@ class SequenceGenerator:
         members = [_Member(m, src_tokens, expand, s.use_cache) for m in self.models]
         want_attn = self.attn_layer is not None
 
-        # Finished hypotheses, K slots per sentence, filled in rank order.
-        fin_tokens = torch.full((bsz, k, longest + 1), PAD, dtype=torch.long, device=device)
-        fin_pos = torch.zeros(bsz, k, longest + 1, device=device)
-        fin_scores = torch.full((bsz, k), NEG_INF, device=device)
-        fin_len = torch.zeros(bsz, k, dtype=torch.long, device=device)
-        fin_count = torch.zeros(bsz, dtype=torch.long, device=device)
-        fin_attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
+        finished = _Finished(bsz, k, longest, src_len, want_attn, device)
 
         # Active state: rows are sentence-major (row = n*K + beam).
         sent = torch.arange(bsz, device=device)  # [N] original index of each active sentence
@@ -176,25 +219,23 @@ class SequenceGenerator:
             # Only EOS candidates among the top K finish a hypothesis (fairseq).
             finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
             if bool(finishing.any()):
-                slot = fin_count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
-                ni, ci = (finishing & slot.lt(k)).nonzero(as_tuple=True)
-                rows = ni * k + cand_origins[ni, ci]
-                sid, sl = sent[ni], slot[ni, ci]
-                fin_tokens[sid, sl, :step] = tokens[rows, 1:]
-                fin_tokens[sid, sl, step] = EOS
-                fin_pos[sid, sl, :step] = pos_scores[rows]
-                fin_pos[sid, sl, step] = cand_lp[ni, ci]
-                fin_scores[sid, sl] = cand_scores[ni, ci] / length_penalty(step + 1, s.lenpen)
-                fin_len[sid, sl] = step + 1
-                fin_count.index_add_(0, sid, torch.ones_like(sid))
-                if want_attn:
-                    fin_attn[sid, sl, :step] = attn_hist[rows]
-                    fin_attn[sid, sl, step] = step_attn[rows]
+                slot = finished.count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
+                ni, ci = (finishing & slot.lt(k)).nonzero(as_tuple=True)  # at most K each
+                rows = ni * k + cand_origins[ni, ci]  # the hypotheses they extend
+                attn = None if not want_attn else torch.cat(
+                    [attn_hist[rows], step_attn[rows].unsqueeze(1)], dim=1)
+                finished.add(sent[ni], slot[ni, ci], tokens[rows, 1:], pos_scores[rows],
+                             cand_lp[ni, ci],
+                             cand_scores[ni, ci] / length_penalty(step + 1, s.lenpen), attn)
 
-            pick, scores = select_active(cand_scores, is_eos, k)  # [N,K]
+            if s.sampling:  # each row keeps its own sample; one that ended is dead (-inf)
+                pick = torch.arange(k, device=device).expand(n, k)
+                scores = cand_scores.masked_fill(is_eos, NEG_INF)
+            else:
+                pick, scores = select_active(cand_scores, is_eos, k)  # [N,K]
             act_tokens, act_origins = cand_tokens.gather(1, pick), cand_origins.gather(1, pick)
             act_lp = cand_lp.gather(1, pick)
-            done = fin_count[sent].ge(k) | max_lens.le(step)  # [N]
+            done = finished.count[sent].ge(k) | max_lens.le(step)  # [N]
             same_sentences = not bool(done.any())
             if same_sentences:
                 kept = torch.arange(n, device=device)
@@ -209,14 +250,20 @@ class SequenceGenerator:
                 prefix = None if prefix is None else prefix[kept]
                 min_row_max = int(max_lens.min())
             order = (kept.unsqueeze(1) * k + act_origins).view(-1)  # [R'] rows they extend
-            for m in members:
-                m.reorder(order, same_sentences)
-            tokens = torch.cat([tokens[order], act_tokens.view(-1, 1)], dim=1)
-            pos_scores = torch.cat([pos_scores[order], act_lp.view(-1, 1)], dim=1)
+            # Greedy and sampling extend every row from itself: nothing moves unless the
+            # batch shrank, so the cache copy is skipped.
+            unmoved = same_sentences and (k == 1 or s.sampling)
+            if not unmoved:
+                for m in members:
+                    m.reorder(order, same_sentences)
+                tokens, pos_scores = tokens[order], pos_scores[order]
+            tokens = torch.cat([tokens, act_tokens.view(-1, 1)], dim=1)
+            pos_scores = torch.cat([pos_scores, act_lp.view(-1, 1)], dim=1)
             if want_attn:
-                attn_hist = torch.cat([attn_hist, step_attn.unsqueeze(1)], dim=1)[order]
+                attn_hist = torch.cat([attn_hist, step_attn.unsqueeze(1)], dim=1)
+                attn_hist = attn_hist if unmoved else attn_hist[order]
 
-        return self._collect(fin_tokens, fin_pos, fin_scores, fin_len, fin_count, fin_attn)
+        return finished.collect(s.nbest)
 
     def _forced_tokens(self, step: int, prefix: Tensor | None, row_max: Tensor,
                        min_row_max: int) -> tuple[Tensor, Tensor] | None:
@@ -235,29 +282,3 @@ class SequenceGenerator:
             forced = torch.where(row_max.le(step), EOS, forced)
         rows = forced.ge(0).nonzero().squeeze(1)
         return (rows, forced[rows]) if rows.numel() else None
-
-    def _collect(self, fin_tokens: Tensor, fin_pos: Tensor, fin_scores: Tensor, fin_len: Tensor,
-                 fin_count: Tensor, fin_attn: Tensor | None) -> list[list[Hypothesis]]:
-        """Per sentence, its nbest finished hypotheses, best first (on the CPU)."""
-        order = fin_scores.argsort(dim=1, descending=True, stable=True)[:, : self.search.nbest]
-        ranked = [t.gather(1, order).cpu() for t in (fin_scores, fin_len)]
-        scores, lengths = (r.tolist() for r in ranked)
-        counts = fin_count.tolist()
-        tokens, pos = fin_tokens.cpu(), fin_pos.cpu()
-        attn = None if fin_attn is None else fin_attn.cpu()
-        out = []
-        for b, picks in enumerate(order.cpu().tolist()):
-            if counts[b] == 0:  # every path was forbidden (e.g. n-gram blocking): say nothing
-                empty = torch.tensor([EOS])
-                out.append([Hypothesis(empty, NEG_INF, torch.full((1,), NEG_INF),
-                                       None if attn is None else attn[b, 0, :1])])
-                continue
-            hyps = []
-            for rank, j in enumerate(picks[: counts[b]]):
-                length = lengths[b][rank]
-                hyps.append(Hypothesis(
-                    tokens=tokens[b, j, :length], score=scores[b][rank],
-                    positional_scores=pos[b, j, :length],
-                    attention=None if attn is None else attn[b, j, :length]))
-            out.append(hyps)
-        return out

@@ -145,6 +145,13 @@ class CheckpointManager:
         self.prune()
         return written
 
+    def remove_stale_temps(self) -> list[Path]:
+        """Delete temp files a killed run left mid-write (call before this run saves)."""
+        stale = [p for p in self.save_dir.glob(".checkpoint*.tmp") if p.is_file()]
+        for path in stale:
+            path.unlink(missing_ok=True)
+        return stale
+
     def numbered(self) -> list[tuple[int, Path]]:
         """Numbered checkpoints as (update, path), newest first."""
         found = []

@@ -245,6 +245,10 @@ class Trainer:
 
     def _build_model(self) -> None:
         cfg, meta = self.cfg, self.meta
+        if cfg.model.share_all_embeddings and not meta.joint_vocab:
+            # equal sizes are not enough: id i is a different piece on each side
+            raise NmtError(f"model.share_all_embeddings=true: {cfg.data} has separate source and "
+                           "target vocabularies; set it to false or preprocess with spm.joint=true")
         cfg.model.validate(meta.src_vocab_size, meta.tgt_vocab_size, PAD)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = Transformer(cfg.model, src_vocab_size=meta.src_vocab_size,
@@ -343,6 +347,8 @@ class Trainer:
         cfg = self.cfg
         if self.env.is_main:
             self.save_dir.mkdir(parents=True, exist_ok=True)
+            for path in self.manager.remove_stale_temps():  # left by a kill -9 mid-save
+                self.logger.message(f"removed {path.name}, an unfinished checkpoint write")
             (self.save_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
         self.logger.event("start", update=self.num_updates, epoch=self.epoch, position=self.position,
                           world_size=self.env.world_size, device=str(self.device), config=asdict(cfg))

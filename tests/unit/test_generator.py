@@ -191,15 +191,17 @@ def test_output_does_not_depend_on_the_batch(model, beam):
             assert [h.score for h in other] == pytest.approx([h.score for h in alone], abs=1e-4)
 
 
-@pytest.mark.parametrize("lenpen", [1.0, 0.6])
-def test_reported_score_is_the_forced_decoding_score(model, lenpen):
+@pytest.mark.parametrize("lenpen,sampling", [(1.0, False), (0.6, False), (1.0, True)])
+def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
     sources = _sources([7, 4, 10], seed=2)
-    gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, lenpen=lenpen, max_len_b=9))
+    temperature = 0.8 if sampling else 1.0
+    gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, lenpen=lenpen, max_len_b=9,
+                                                  sampling=sampling, temperature=temperature))
     for src, hyps in zip(sources, gen.generate(_pad(sources))):
         for h in hyps:
             prev = torch.cat([torch.tensor([EOS]), h.tokens[:-1]])[None]  # [1,T]
             with torch.no_grad():
-                lp = torch.log_softmax(model(src[None], prev)[0].float(), -1)  # [T,V]
+                lp = torch.log_softmax(model(src[None], prev)[0].float() / temperature, -1)  # [T,V]
             token_lp = lp.gather(1, h.tokens[:, None]).squeeze(1)
             assert h.positional_scores.tolist() == pytest.approx(token_lp.tolist(), abs=1e-4)
             assert h.score == pytest.approx(float(token_lp.sum()) / len(h.tokens) ** lenpen, abs=1e-4)
@@ -238,3 +240,21 @@ def test_limits_prefix_and_attention(model):
             assert tokens[: len([p for p in pre if p != PAD])] == [p for p in pre if p != PAD]
             assert h.attention.shape == (len(tokens), max(len(s) for s in sources))
             assert torch.allclose(h.attention[:, : len(src)].sum(1), torch.ones(len(tokens)), atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_and_runs_in_half_precision(model):
+    src = _pad(_sources([6, 12, 9], seed=6))
+    search = SearchConfig(beam=4, nbest=2, max_len_b=10)
+    on_cpu = SequenceGenerator([model], search).generate(src)
+    gpu_model = Transformer(model.cfg, 40, 40).cuda().eval()
+    gpu_model.load_state_dict(model.state_dict())
+    on_gpu = SequenceGenerator([gpu_model], search).generate(src.cuda())
+    for a, b in zip(on_cpu, on_gpu):
+        assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)
+    for dtype in (torch.float16, torch.bfloat16):
+        with torch.autocast("cuda", dtype=dtype):
+            half = SequenceGenerator([gpu_model], search).generate(src.cuda())
+        assert all(len(h) == 2 and h[0].tokens[-1] == EOS for h in half)

@@ -47,7 +47,7 @@ def test_preset_sets_every_field_with_a_comment(name):
 
 
 @pytest.mark.parametrize("name, layers, dim, ffn, heads", [
-    ("tiny", 2, 256, 512, 4), ("small", 3, 256, 1024, 4), ("iwslt_de_en", 6, 512, 1024, 4),
+    ("tiny", 2, 128, 512, 4), ("small", 3, 256, 1024, 4), ("iwslt_de_en", 6, 512, 1024, 4),
     ("base", 6, 512, 2048, 8), ("big", 6, 1024, 4096, 16)])
 def test_preset_shapes(name, layers, dim, ffn, heads):
     cfg = preset(name)
@@ -64,9 +64,9 @@ def test_paper_parameter_counts_with_37k_joint_vocab(name, exact, paper):
     assert abs(n - paper) / paper < 0.04  # the paper rounds, and its vocab was "about 37k"
 
 
-def test_small_preset_parameter_count():
+def test_small_and_tiny_parameter_counts():
     assert count_parameters(preset("small"), 8000, 8000) == 9_625_600
-    assert count_parameters(preset("tiny"), 8000, 8000) == 6_731_776
+    assert count_parameters(preset("tiny"), 8000, 8000) == 2_973_696
 
 
 def test_sharing_changes_counts_by_exactly_the_embeddings():

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The Multi30k recipe, from raw text to a BLEU score with its sacrebleu signature:
+#   1. nmt-preprocess: joint 8k unigram SentencePiece, binarized train/valid/test_2016_flickr
+#   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small, fairseq's standard
+#      recipe (configs/experiment/multi30k_*.yaml), stopped after max_time=1.0 hour
+#   3. scripts/average_checkpoints.py: average the last AVG numbered checkpoints
+#   4. nmt-generate: translate test_2016_flickr with beam BEAM, length penalty LENPEN
+#   5. nmt-score: sacrebleu BLEU, cased, detokenized, 13a, printed with its signature
+#
+# usage (from the repository root):
+#   scripts/multi30k_recipe.sh                         # en-de, the full one-hour run
+#   DIRECTION=de-en scripts/multi30k_recipe.sh         # the other direction
+#   SMOKE=1 scripts/multi30k_recipe.sh                 # the whole pipeline in a few minutes
+#   scripts/multi30k_recipe.sh optim.lr=7e-4           # extra arguments go to nmt-train
+#
+# Environment (all optional):
+#   DIRECTION  en-de (default) or de-en
+#   RAW        folder with train.{en,de} val.{en,de} test_2016_flickr.{en,de}
+#              (default ../shared/data/multi30k); to fetch the public Multi30k task 1 files:
+#                mkdir -p multi30k && cd multi30k && for f in train val test_2016_flickr; do
+#                  for l in en de; do curl -fsSL -o $f.$l.gz \
+#                    https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/$f.$l.gz
+#                  gunzip -f $f.$l.gz; done; done
+#   WORK       where data-bin/ and runs/ go (default work/multi30k, or work/multi30k_smoke)
+#   SMOKE      1: SMOKE_UPDATES updates (default 60), a checkpoint every SMOKE_UPDATES/3,
+#              100 test sentences, output length capped near the source's
+#   AVG        checkpoints to average (default 5; 3 in SMOKE mode)
+#   BEAM       beam size (default 5)      LENPEN  length penalty (default 1.0)
+#   PYTHON     the interpreter with nmt installed (default .venv/bin/python if present)
+# Re-running the same command reuses the data dir and resumes training from
+# checkpoint_last.pt (a finished run stops at once), so an interrupted recipe loses nothing.
+set -euo pipefail
+
+DIRECTION=${DIRECTION:-en-de}
+case "$DIRECTION" in
+  en-de) SRC=en; TGT=de ;;
+  de-en) SRC=de; TGT=en ;;
+  *) echo "multi30k_recipe: error: DIRECTION=$DIRECTION: use en-de or de-en" >&2; exit 2 ;;
+esac
+SMOKE=${SMOKE:-0}
+RAW=${RAW:-../shared/data/multi30k}
+if [ "$SMOKE" = 1 ]; then WORK=${WORK:-work/multi30k_smoke}; AVG=${AVG:-3}
+else WORK=${WORK:-work/multi30k}; AVG=${AVG:-5}; fi
+BEAM=${BEAM:-5}
+LENPEN=${LENPEN:-1.0}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+fi
+TEST=test_2016_flickr
+DATA="$WORK/data-bin/${SRC}_${TGT}"
+RUN="$WORK/runs/${SRC}_${TGT}"
+# The console scripts, run through the chosen interpreter (no PATH or venv activation needed).
+nmt() { "$PYTHON" -c "import sys; from nmt.cli import main; main(sys.argv[1], sys.argv[2:])" "$@"; }
+say() { echo "== multi30k_recipe [$DIRECTION$([ "$SMOKE" = 1 ] && echo ', SMOKE')]: $*" >&2; }
+
+for split in train val $TEST; do
+  for lang in en de; do
+    if [ ! -s "$RAW/$split.$lang" ]; then
+      echo "multi30k_recipe: error: $RAW/$split.$lang: missing; set RAW to the Multi30k task 1" \
+           "raw folder (see the download commands at the top of $0)" >&2
+      exit 2
+    fi
+  done
+done
+mkdir -p "$WORK"
+
+# 1. Preprocess (skipped when the data dir is complete: meta.json is written last).
+if [ -f "$DATA/meta.json" ]; then
+  say "data dir $DATA exists, reusing it"
+else
+  say "preprocessing $RAW into $DATA"
+  nmt preprocess data.src=$SRC data.tgt=$TGT data.trainpref="$RAW/train" \
+    data.validpref="$RAW/val" "data.testpref=[$RAW/$TEST]" data.dest="$DATA" \
+    spm.joint=true spm.model_type=unigram spm.vocab_size=8000
+fi
+
+# 2. Train. SMOKE keeps the recipe's model and optimizer, and only shortens the run.
+SMOKE_ARGS=()
+if [ "$SMOKE" = 1 ]; then
+  N=${SMOKE_UPDATES:-60}
+  SMOKE_ARGS=(max_time=0 max_update=$N save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
+              validate_interval_updates=$(( N / 2 > 0 ? N / 2 : 1 )) validate_every_epoch=false
+              keep_last=$AVG log_interval=$(( N / 6 > 0 ? N / 6 : 1 )))
+fi
+say "training into $RUN"
+start=$(date +%s)
+nmt train +experiment=multi30k_${SRC}_${TGT} data="$DATA" save_dir="$RUN" \
+  ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"} "$@"
+say "training took $(( $(date +%s) - start )) s (this invocation)"
+
+# 3. Average the newest AVG numbered checkpoints.
+AVG_CKPT="$RUN/checkpoint_avg_last$AVG.pt"
+"$PYTHON" scripts/average_checkpoints.py "$RUN" --last "$AVG" -o "$AVG_CKPT"
+
+# 4. Translate the test set. SMOKE: the first 100 sentences, output capped near the source
+#    length (a barely trained model rarely stops by itself).
+SRC_FILE="$RAW/$TEST.$SRC"
+REF_FILE="$RAW/$TEST.$TGT"
+GEN_ARGS=()
+if [ "$SMOKE" = 1 ]; then
+  head -n 100 "$SRC_FILE" > "$RUN/$TEST.100.$SRC"
+  head -n 100 "$REF_FILE" > "$RUN/$TEST.100.$TGT"
+  SRC_FILE="$RUN/$TEST.100.$SRC"
+  REF_FILE="$RUN/$TEST.100.$TGT"
+  GEN_ARGS=(max_len_a=1.2 max_len_b=10)
+fi
+HYP="$RUN/$TEST.hyp.$TGT"
+say "translating $SRC_FILE with $AVG_CKPT (beam $BEAM, lenpen $LENPEN)"
+nmt generate checkpoint="$AVG_CKPT" input="$SRC_FILE" output="$HYP" beam=$BEAM lenpen=$LENPEN \
+  device=cpu threads=2 progress=false ${GEN_ARGS[@]+"${GEN_ARGS[@]}"}
+
+# 5. Score: sacrebleu's defaults are cased, 13a-tokenized, on detokenized text (what we wrote).
+say "valid curve (update, epoch, valid loss) from $RUN/train.jsonl"
+"$PYTHON" - "$RUN/train.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1], encoding="utf-8"):
+    e = json.loads(line)
+    if e.get("type") == "valid":
+        print(f"  update {e['update']:>6}  epoch {e['epoch']:>3}  valid loss {e.get('loss', float('nan')):.3f}",
+              file=sys.stderr)
+PY
+say "BLEU of $HYP against $REF_FILE"
+nmt score hyp="$HYP" refs="$REF_FILE" metrics=[bleu]
