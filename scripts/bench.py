@@ -109,8 +109,9 @@ def work_generate(p: dict[str, Any]) -> dict[str, Any]:
                          use_cache=p["use_cache"], dtype="fp32")
     translate = Translator(SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None)
     translate(sources[:8])  # warm-up: first-call allocations and kernel selection
-    seconds, tokens = bench_generate.run(translate, sources, 1)
-    return {"sentences": len(sources), "seconds": seconds, "sent_s": len(sources) / seconds,
+    seconds, cpu_seconds, tokens = bench_generate.run(translate, sources, 1)
+    return {"sentences": len(sources), "seconds": seconds, "cpu_seconds": cpu_seconds,
+            "sent_s": len(sources) / seconds,
             "tok_s": tokens / seconds, "tokens_per_sentence": tokens / len(sources)}
 
 
@@ -188,7 +189,7 @@ def markdown(report: dict[str, Any]) -> str:
     p = report["params"]
     return "\n".join([
         f"Benchmark suite (scripts/bench.py), {report['date']}, {m['cpu']}, {m['cores']} CPUs, "
-        f"torch {m['torch']}; load average {report['load_before']:.1f} before, {report['load_after']:.1f} "
+        f"torch {m['torch']}, {report['params']['threads']} torch threads; load average {report['load_before']:.1f} before, {report['load_after']:.1f} "
         f"after; median of {p['repeats']} subprocess runs each ({p['train_repeats']} for training: "
         f"{p['train_updates']} updates of 4096 tokens, the first {p['train_warmup']} not measured); "
         f"{report['wall_s'] / 60:.1f} min in all.",

@@ -13,8 +13,9 @@ translations are identical. Tokenization, model loading and warm-up are outside 
         --input ../shared/data/multi30k/test_2016_flickr.en
 
 --preset benchmarks a random model of a configs/model preset instead of a trained one:
-speed depends on shapes, not on weight values, so its output layer is only biased to end
-translations near --target-len tokens (and never to produce <pad> or <s>).
+speed depends on shapes, not on weight values. Its output layer never chooses </s>, so
+every sentence is decoded to exactly --max-len-b tokens; nmt then runs one more step that
+forces </s>, CTranslate2 stops without it, and both are credited --max-len-b + 1 tokens.
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ def line(name: str, tokens: int, wall: float, cpu: float) -> str:
             f"{tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)")
 
 
-def random_checkpoint(preset: str, spm_path: str, sample: list[np.ndarray], target_len: int,
-                      search: SearchConfig, out: Path) -> Path:
-    """A random `preset` model with the spm model as both tokenizers, saved to `out`."""
+def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
+    """A random `preset` model with the spm model as both tokenizers, saved to `out`.
+
+    One hidden feature is made constant 1 and the output layer reads it as a bias of -100
+    for <pad>, <s> and </s>: translations never end early, every sentence is decoded to
+    the length limit, and both engines run the same number of steps on the same shapes.
+    """
     from dataclasses import asdict
 
     from omegaconf import OmegaConf
@@ -76,24 +81,12 @@ def random_checkpoint(preset: str, spm_path: str, sample: list[np.ndarray], targ
     torch.manual_seed(0)
     model = Transformer(cfg, tok.vocab_size, tok.vocab_size).eval()
     dec = model.decoder
-    # One hidden feature made constant 1 and read by the output layer as a per-token bias.
     norm = dec.layer_norm if cfg.normalize_before else dec.layers[-1].final_layer_norm
     weight = dec.output_projection.weight  # [V,D]
     with torch.no_grad():
         norm.weight[0], norm.bias[0] = 0.0, 1.0
         weight[:, 0] = 0.0
-        weight[PAD, 0] = weight[BOS, 0] = -100.0
-    src = collate([Source(i, ids, "") for i, ids in enumerate(sample)], torch.device("cpu"))
-    generator = SequenceGenerator([model], search)
-    low, high = -20.0, 40.0
-    for _ in range(14):  # bisect the </s> bias to a median output of target_len tokens
-        bias = (low + high) / 2
-        with torch.no_grad():
-            weight[EOS, 0] = bias
-        median = sorted(len(h[0].tokens) for h in generator.generate(src))[len(sample) // 2]
-        if abs(median - target_len) <= 1:
-            break
-        low, high = (bias, high) if median > target_len else (low, bias)
+        weight[[PAD, BOS, EOS], 0] = -100.0
     data = {"src_lang": "src", "tgt_lang": "tgt", "src_vocab_size": tok.vocab_size,
             "tgt_vocab_size": tok.vocab_size, "joint_vocab": True, "special_ids": dict(SPECIAL_IDS),
             "normalization": {"nfkc": False}}
@@ -108,12 +101,12 @@ def main() -> None:
     ap.add_argument("--checkpoint", help="nmt checkpoint (or --preset and --spm)")
     ap.add_argument("--preset", help="benchmark a random configs/model preset (tiny, small, base, ...)")
     ap.add_argument("--spm", help="with --preset: the SentencePiece model (nmt's ids) for both sides")
-    ap.add_argument("--target-len", type=int, default=15, help="with --preset: median output tokens")
     ap.add_argument("--input", default="data/demo/test.en", help="source text, one sentence a line")
     ap.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=1.0)
-    ap.add_argument("--max-len-b", type=int, default=200, help="longest output in tokens")
+    ap.add_argument("--max-len-b", type=int, default=200,
+                    help="longest output in tokens (with --preset: every output's length)")
     ap.add_argument("--max-sentences", type=int, default=64, help="sentences per batch")
     ap.add_argument("--threads", type=int, default=2, help="torch threads = CTranslate2 intra_threads")
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per engine (best is kept)")
@@ -129,12 +122,7 @@ def main() -> None:
         lines = [normalize_text(line, False) for line in f]
     lines = lines[: args.lines] if args.lines else lines
     if args.preset:
-        from nmt.data.tokenizer import Tokenizer
-
-        sample_tok = Tokenizer.from_file(args.spm)
-        sample = [np.array(sample_tok.encode(t) + [EOS], dtype=np.int64) for t in lines[:16]]
-        args.checkpoint = str(random_checkpoint(args.preset, args.spm, sample, args.target_len,
-                                                search, Path(tmp.name) / "random.pt"))
+        args.checkpoint = str(random_checkpoint(args.preset, args.spm, Path(tmp.name) / "random.pt"))
 
     bundle = load_for_inference(args.checkpoint, "cpu")
     tok = bundle.src_tokenizer

@@ -5,7 +5,7 @@
 #
 # usage: scripts/demo.sh [WORKDIR]          (default WORKDIR: runs/demo-pipeline)
 # Environment (defaults are the full demo; tests/e2e/test_demo.py shortens it):
-#   DEMO_EPOCHS=6        training epochs over the 10,000 demo pairs
+#   DEMO_EPOCHS=3        training epochs over the 10,000 demo pairs (58 updates each)
 #   DEMO_MAX_UPDATE=0    stop training after this many updates (0 = no limit)
 #   DEMO_BEAM=5          beam size for the test translation
 #   DEMO_THREADS=0       torch CPU threads (0 = torch's default)
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 W=${1:-runs/demo-pipeline}
 BIN=${NMT_BIN:-.venv/bin}
-EPOCHS=${DEMO_EPOCHS:-6}
+EPOCHS=${DEMO_EPOCHS:-3}
 MAX_UPDATE=${DEMO_MAX_UPDATE:-0}
 BEAM=${DEMO_BEAM:-5}
 THREADS=${DEMO_THREADS:-0}
@@ -36,7 +36,7 @@ echo "== 1/4 preprocess data/demo -> $W/data-bin"
 
 echo "== 2/4 train transformer_tiny ($EPOCHS epochs) -> $W/run"
 # A short warmup and a high peak learning rate: the tiny model learns the demo task in a
-# few hundred updates; batches of 2048 tokens give ~90 updates per epoch.
+# few hundred updates.
 "$BIN/nmt-train" data="$W/data-bin" save_dir="$W/run" model=transformer_tiny \
   optim=adam_inverse_sqrt optim.lr=3e-3 optim.warmup_updates=100 max_tokens=2048 \
   max_epoch="$EPOCHS" max_update="$MAX_UPDATE" log_interval=25 tensorboard=false \

@@ -187,7 +187,7 @@ def spm_with_nmt_specials(model_bytes: bytes, source: str) -> bytes:
     return out
 
 
-def spm_pieces(model_bytes: bytes) -> list[str]:
+def _pieces_in_id_order(model_bytes: bytes) -> list[str]:
     """Every piece of a SentencePiece model, in id order."""
     import sentencepiece as spm
 
@@ -432,27 +432,21 @@ def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str 
     """Build the nmt checkpoint dict (docs/ARCHITECTURE.md) for a fairseq checkpoint."""
     from nmt.checkpoint import build_checkpoint
     from nmt.model.config import ModelConfig
-    from nmt.model.transformer import Transformer
 
     checkpoint = ckpt.path
     cfg = model_config_from_fairseq(ckpt)
     src_lang = src_lang or ckpt.source_lang or "src"
     tgt_lang = tgt_lang or ckpt.target_lang or "tgt"
 
-    spm_bytes = {}
-    for side, p in (("src", src_spm), ("tgt", tgt_spm)):
-        p = Path(p)
-        if not p.is_file():
-            raise NmtError(f"{p}: SentencePiece model not found; pass spm= (or src_spm= and tgt_spm=)")
-        spm_bytes[side] = p.read_bytes()
-    fixed = {side: spm_with_nmt_specials(b, str(p)) for (side, b), p in
-             zip(spm_bytes.items(), (src_spm, tgt_spm))}
+    spm_bytes = {"src": _read_spm(src_spm), "tgt": _read_spm(tgt_spm)}
+    fixed = {"src": spm_with_nmt_specials(spm_bytes["src"], str(src_spm)),
+             "tgt": spm_with_nmt_specials(spm_bytes["tgt"], str(tgt_spm))}
     src_symbols = read_fairseq_dictionary(src_dict)
     tgt_symbols = read_fairseq_dictionary(tgt_dict)
     _check_dictionary_size(ckpt, "encoder.embed_tokens.weight", src_symbols, str(src_dict))
     _check_dictionary_size(ckpt, "decoder.embed_tokens.weight", tgt_symbols, str(tgt_dict))
-    src_map = vocab_map(spm_pieces(fixed["src"]), src_symbols)
-    tgt_map = vocab_map(spm_pieces(fixed["tgt"]), tgt_symbols)
+    src_map = vocab_map(_pieces_in_id_order(fixed["src"]), src_symbols)
+    tgt_map = vocab_map(_pieces_in_id_order(fixed["tgt"]), tgt_symbols)
     for vmap, sp_path, dict_path in ((src_map, src_spm, src_dict), (tgt_map, tgt_spm, tgt_dict)):
         if vmap.missing > (len(vmap.rows) - 4) / 2:
             raise NmtError(f"{dict_path}: {vmap.missing} of {len(vmap.rows) - 4} pieces of {sp_path} "
@@ -463,24 +457,11 @@ def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str 
         raise NmtError(f"{checkpoint}: share_all_embeddings needs one joint dictionary and one "
                        "SentencePiece model for both languages; pass spm= and matching dicts")
 
-    state = convert_state(ckpt, cfg, src_map, tgt_map)
     model_cfg = ModelConfig(**cfg)
-    model_cfg.validate(len(src_map.rows), len(tgt_map.rows), PAD)
-    model = Transformer(model_cfg, src_vocab_size=len(src_map.rows),
-                        tgt_vocab_size=len(tgt_map.rows), pad_id=PAD)
-    expected = model.state_dict()
-    unexpected = sorted(set(state) - set(expected))
-    absent = sorted(set(expected) - set(state))
-    if unexpected or absent:
-        raise NmtError(f"{checkpoint}: weights do not map onto nmt's Transformer: unexpected "
-                       f"{unexpected[:4]}, missing {absent[:4]}; is this a plain fairseq transformer?")
-    for key, value in state.items():
-        if tuple(value.shape) != tuple(expected[key].shape):
-            raise NmtError(f"{checkpoint}: {key} has shape {tuple(value.shape)}, nmt expects "
-                           f"{tuple(expected[key].shape)} from the checkpoint's args")
-    model.load_state_dict(state, strict=True)  # ties shared weights exactly as nmt does
+    model_state = _nmt_state(convert_state(ckpt, cfg, src_map, tgt_map), model_cfg,
+                             len(src_map.rows), len(tgt_map.rows), checkpoint)
     nmt_ckpt = build_checkpoint(
-        model_state=model.state_dict(), model_config=asdict(model_cfg),
+        model_state=model_state, model_config=asdict(model_cfg),
         data={"src_lang": src_lang, "tgt_lang": tgt_lang,
               "src_vocab_size": len(src_map.rows), "tgt_vocab_size": len(tgt_map.rows),
               "joint_vocab": joint, "special_ids": dict(SPECIAL_IDS),
@@ -492,6 +473,35 @@ def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str 
                           tgt=tgt_map, spm_rewritten=fixed["src"] != spm_bytes["src"]
                           or fixed["tgt"] != spm_bytes["tgt"])
     return nmt_ckpt, report
+
+
+def _read_spm(path: str | Path) -> bytes:
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: SentencePiece model not found; pass spm= (or src_spm= and tgt_spm=)")
+    return path.read_bytes()
+
+
+def _nmt_state(state: dict[str, Tensor], cfg: Any, src_vocab: int, tgt_vocab: int,
+               checkpoint: Path) -> dict[str, Tensor]:
+    """Load the converted tensors into nmt's Transformer (every key and shape checked) and
+    return its state dict, so that tied weights are tied exactly as nmt ties them."""
+    from nmt.model.transformer import Transformer
+
+    cfg.validate(src_vocab, tgt_vocab, PAD)
+    model = Transformer(cfg, src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=PAD)
+    expected = model.state_dict()
+    unexpected = sorted(set(state) - set(expected))
+    absent = sorted(set(expected) - set(state))
+    if unexpected or absent:
+        raise NmtError(f"{checkpoint}: weights do not map onto nmt's Transformer: unexpected "
+                       f"{unexpected[:4]}, missing {absent[:4]}; is this a plain fairseq transformer?")
+    for key, value in state.items():
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise NmtError(f"{checkpoint}: {key} has shape {tuple(value.shape)}, nmt expects "
+                           f"{tuple(expected[key].shape)} from the checkpoint's args")
+    model.load_state_dict(state, strict=True)
+    return model.state_dict()
 
 
 def _primitive_args(args: Mapping[str, Any]) -> dict[str, Any]:

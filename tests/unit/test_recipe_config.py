@@ -3,6 +3,7 @@ scripts/multi30k_recipe.sh runs end to end in SMOKE mode."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 DIRECTIONS = ["multi30k_en_de", "multi30k_de_en"]
 
 
+@functools.lru_cache(maxsize=None)  # composing costs seconds; the configs are only read
 def compose_train(*overrides: str):
     return to_dataclass(compose_config("train", ["data=/nonexistent/data", "save_dir=/nonexistent/run",
                                                  *overrides]))

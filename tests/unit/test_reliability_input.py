@@ -12,18 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from train_helpers import run_training, tiny_config
-
-BIN = Path(sys.executable).parent
-
 
 def one_line_error(code: int, err: str, command: str, *needles: str) -> str:
     """The error contract: exit != 0, one stderr line, no traceback, naming every needle."""
@@ -216,13 +211,14 @@ AWKWARD = [
 ]
 
 
-@pytest.mark.parametrize("fmt", ["plain", "fairseq"])
-def test_awkward_input_gives_one_output_per_line(nmt_cli, ckpt, tmp_path, fmt):
+# max_tokens=3 is smaller than most sentences: each then goes in a batch of its own
+@pytest.mark.parametrize("fmt, max_tokens", [("plain", 0), ("fairseq", 3)])
+def test_awkward_input_gives_one_output_per_line(nmt_cli, ckpt, tmp_path, fmt, max_tokens):
     src = tmp_path / "in.en"
     src.write_text("\n".join(AWKWARD) + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
     code, _, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={src}", "device=cpu", "beam=2",
-                           "max_len_b=8", f"format={fmt}", f"output={out}")
+                           "max_len_b=8", f"format={fmt}", f"max_tokens={max_tokens}", f"output={out}")
     assert code == 0, err
     assert "Traceback" not in err and "in.en:3" in err  # the long line is truncated, with a warning
     lines = out.read_text(encoding="utf-8").split("\n")
@@ -262,26 +258,44 @@ def test_text_input_is_consumed_lazily(ckpt, monkeypatch):
     assert sum(len(c) for c in chunks) == 20_000 - 100
 
 
-def test_piped_generation_answers_before_the_input_ends(ckpt):
-    """nmt-generate reading a pipe prints line i's translation while the pipe is still open."""
-    proc = subprocess.Popen([str(BIN / "nmt-generate"), f"checkpoint={ckpt}", "device=cpu", "threads=1",
-                             "beam=1", "max_len_b=5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    got: list[str] = []
-    reader = threading.Thread(target=lambda: got.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
+def test_piped_generation_answers_before_the_input_ends(ckpt, monkeypatch):
+    """nmt-generate reading a pipe prints line i's translation while the pipe is still open
+    (run in a thread on real OS pipes: a subprocess would cost seconds of start-up)."""
+    import select
+
+    from nmt.cli import main
+
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(in_r, "r", encoding="utf-8"))
+    their_stdout = os.fdopen(out_w, "w", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", their_stdout)
+    feed, answers = os.fdopen(in_w, "w", encoding="utf-8"), os.fdopen(out_r, "r", encoding="utf-8")
+    failures: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            main("generate", [f"checkpoint={ckpt}", "device=cpu", "threads=1", "beam=1", "max_len_b=5"])
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            failures.append(exc)
+        finally:
+            their_stdout.close()  # our reads end instead of waiting forever
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
     try:
         for i in range(3):
-            proc.stdin.write(f"a dog number {i} runs .\n")
-            proc.stdin.flush()
-        deadline = time.monotonic() + 60
-        while len(got) < 3 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert len(got) == 3, proc.stderr.read() if proc.poll() is not None else "no output in 60 s"
-        proc.stdin.write("" + "\n")  # an empty line: an empty translation, still one line
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
-        reader.join(timeout=10)
-        assert len(got) == 4 and got[3] == "\n"
+            feed.write(f"a dog number {i} runs .\n")
+            feed.flush()
+            ready, _, _ = select.select([answers], [], [], 60)
+            assert ready, f"no translation of line {i + 1} within 60 s while the pipe is open"
+            assert answers.readline().endswith("\n")
+        feed.write("\n")  # an empty line: an empty translation, still one line
+        feed.close()
+        thread.join(timeout=60)
+        assert not thread.is_alive() and not failures, failures
+        assert answers.read() == "\n"
     finally:
-        proc.kill()
+        answers.close()
+        if not feed.closed:
+            feed.close()
