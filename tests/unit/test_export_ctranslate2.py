@@ -218,7 +218,7 @@ def test_existing_output_is_kept_unless_overwrite(tokenizers, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model.pt"]  # no temp dirs left
 
 
-def test_bad_quantization_and_missing_package_are_one_line_errors(tokenizers, tmp_path, monkeypatch):
+def test_bad_quantization_and_missing_package_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(NmtError, match=r"quantization: 'int4' is not one of none, int8"):
         export_ctranslate2(tmp_path / "model.pt", tmp_path / "ct2", "int4")
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed

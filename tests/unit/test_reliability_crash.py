@@ -66,7 +66,7 @@ def kill_at_random(proc: subprocess.Popen, save_dir: Path, rng: random.Random) -
         time.sleep(0.005)
     time.sleep(rng.uniform(0.0, 0.15))
     proc.kill()
-    proc.wait(timeout=30)
+    proc.communicate(timeout=30)  # reaps it and closes its stderr pipe
 
 
 def resume_to_the_end(data: Path, save_dir: Path) -> None:
