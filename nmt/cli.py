@@ -140,7 +140,7 @@ def to_dataclass(cfg: DictConfig):
 
 
 def main(name: str, argv: list[str] | None = None) -> None:
-    prog = f"nmt-{name}"
+    prog = f"nmt-{name.replace('_', '-')}"
     argv = sys.argv[1:] if argv is None else argv
     debug = any(a.lower() in ("debug=true", "debug=1", "+debug=true") for a in argv) or bool(
         os.environ.get("NMT_DEBUG")

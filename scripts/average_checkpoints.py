@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Average the weights of several checkpoints of one run into one that nmt-generate loads.
 
-    python scripts/average_checkpoints.py runs/m30k --last 5            # newest 5 numbered
-    python scripts/average_checkpoints.py runs/m30k --best 3 -o avg.pt  # 3 best (keep_best>=3)
-    python scripts/average_checkpoints.py --inputs a.pt b.pt -o avg.pt  # explicit files
+    python scripts/average_checkpoints.py --inputs runs/m30k --num-last 5 --output avg.pt
+    python scripts/average_checkpoints.py --inputs runs/m30k --num-best 3   # needs keep_best>=3
+    python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
-Numbered checkpoints are checkpoint_<epoch>_<update>.pt (kept: keep_last); the best ones
-are checkpoint.best_<metric>_<value>.pt (kept: keep_best). The output has no training
-state: resume from it with finetune_from=<output>.
+The options follow fairseq's scripts/average_checkpoints.py. With a run dir, --num-last
+takes the newest numbered checkpoints (checkpoint_<epoch>_<update>.pt, kept: keep_last) and
+--num-best the best ones (checkpoint.best_<metric>_<value>.pt, kept: keep_best). The output
+(default: <run dir>/checkpoint_avg_last<K>.pt or ..._best<K>.pt) has no training state:
+start a new run from it with finetune_from=<output>.
 """
 
 from __future__ import annotations
@@ -44,26 +46,29 @@ def select(run_dir: Path, last: int | None, best: int | None) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", nargs="?", type=Path, help="the training run's save_dir")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--last", type=int, help="average the newest K numbered checkpoints")
-    group.add_argument("--best", type=int, help="average the K best checkpoints")
-    group.add_argument("--inputs", nargs="+", type=Path, help="average exactly these files")
-    parser.add_argument("-o", "--output", type=Path, help="output file (default: in run_dir)")
+    parser.add_argument("--inputs", nargs="+", type=Path, required=True,
+                        help="a run dir (with --num-last/--num-best), or the checkpoint files to average")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--num-last", type=int, help="average the newest K numbered checkpoints of the run dir")
+    group.add_argument("--num-best", type=int, help="average the K best checkpoints of the run dir")
+    parser.add_argument("-o", "--output", type=Path, help="output file")
     args = parser.parse_args(argv)
     try:
-        if args.inputs:
-            paths = args.inputs
+        k = args.num_last if args.num_last is not None else args.num_best
+        if k is None:
+            paths = list(args.inputs)
+            if any(p.is_dir() for p in paths):
+                raise NmtError("--inputs: a run dir needs --num-last K or --num-best K")
             output = args.output or paths[0].with_name("checkpoint_avg.pt")
         else:
-            if args.run_dir is None:
-                raise NmtError("give the run dir, or --inputs FILE ...")
-            k = args.last if args.last is not None else args.best
+            if len(args.inputs) != 1 or not args.inputs[0].is_dir():
+                raise NmtError("--num-last/--num-best: give exactly one run dir in --inputs")
             if k < 1:
-                raise NmtError(f"--{'last' if args.last is not None else 'best'} {k}: must be 1 or more")
-            paths = select(args.run_dir, args.last, args.best)
-            kind = "last" if args.last is not None else "best"
-            output = args.output or args.run_dir / f"checkpoint_avg_{kind}{k}.pt"
+                raise NmtError(f"--num-{'last' if args.num_last is not None else 'best'} {k}: must be 1 or more")
+            run_dir = args.inputs[0]
+            paths = select(run_dir, args.num_last, args.num_best)
+            kind = "last" if args.num_last is not None else "best"
+            output = args.output or run_dir / f"checkpoint_avg_{kind}{k}.pt"
         save_checkpoint(average_checkpoints(paths), output)
     except NmtError as exc:
         print(f"average_checkpoints: error: {exc}", file=sys.stderr)

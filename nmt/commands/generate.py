@@ -135,8 +135,8 @@ def run(cfg: GenerateConfig) -> None:
     models, bundle = load_models(paths, device)
     nfkc = bool(bundle.data.get("normalization", {}).get("nfkc", False))
     max_src = min(m.cfg.max_source_positions for m in models)
-    encoder = SourceEncoder(bundle.src_tokenizer, nfkc, max_src, cfg.overlong,
-                            "stdin" if cfg.input == "-" else cfg.input)
+    where = "stdin" if cfg.input == "-" else f"{cfg.input} split {cfg.split}" if cfg.split else cfg.input
+    encoder = SourceEncoder(bundle.src_tokenizer, nfkc, max_src, cfg.overlong, where)
     prefix = None
     if cfg.prefix:
         prefix = bundle.tgt_tokenizer.encode(normalize_text(cfg.prefix, nfkc)) or None

@@ -30,6 +30,8 @@ def _check(cfg: ScoreConfig) -> None:
         raise NmtError(f"format: {cfg.format!r}; use text or json")
     if cfg.confidence and cfg.confidence_n < 2:
         raise NmtError("confidence_n: needs at least 2 bootstrap resamples")
+    if cfg.paired_test not in ("bs", "ar"):
+        raise NmtError(f"paired_test: {cfg.paired_test!r}; use bs (bootstrap) or ar (approximate randomization)")
     if cfg.width < 0:
         raise NmtError("width: must be >= 0")
 

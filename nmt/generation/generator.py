@@ -6,8 +6,9 @@ R = N*K decoder rows, S source length, V target vocabulary, t tokens generated s
 The source is encoded once and expanded to K rows per sentence; each step feeds only the
 newest token through the decoder (its KV cache holds the rest), scores the candidates with
 search.py, files the ones ending in EOS as finished hypotheses, and reorders the cache by
-the beams that survive. A sentence leaves the batch as soon as it has K finished
-hypotheses (or reached its length limit), so the remaining steps cost less.
+the beams that survive. A sentence is finished when it has K finished hypotheses (or
+reached its length limit); finished sentences leave the batch, so the remaining steps
+cost less.
 Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
 """
 
@@ -236,13 +237,19 @@ class SequenceGenerator:
             act_tokens, act_origins = cand_tokens.gather(1, pick), cand_origins.gather(1, pick)
             act_lp = cand_lp.gather(1, pick)
             done = finished.count[sent].ge(k) | max_lens.le(step)  # [N]
-            same_sentences = not bool(done.any())
+            n_done = int(done.sum())
+            if n_done == n:
+                break
+            # Finished sentences leave the batch once they are a quarter of it: moving the
+            # others' cache rows costs more than decoding a few idle rows for some steps.
+            # Until then their scores are -inf, so they never finish another hypothesis.
+            same_sentences = n_done * 4 < n
             if same_sentences:
                 kept = torch.arange(n, device=device)
-            else:  # finished sentences leave the batch
+                if n_done:
+                    scores = scores.masked_fill(done.unsqueeze(1), NEG_INF)
+            else:
                 kept = (~done).nonzero().squeeze(1)  # [N']
-                if kept.numel() == 0:
-                    break
                 sent, max_lens = sent[kept], max_lens[kept]
                 row_max = row_max.view(n, k)[kept].view(-1)
                 scores, act_tokens, act_origins, act_lp = (

@@ -184,7 +184,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """One checkpoint whose weights are the mean of `paths` (first = the newest/best).
 
     All inputs must share model config, vocabulary and tokenizers; the result keeps the
-    first one's inference part and config and drops train_state (it resumes nothing).
+    first one's inference part, drops train_state (it resumes nothing) and has
+    config = {averaged_from: [paths], training_config: the first one's config}.
     """
     from nmt.checkpoint import load_checkpoint
 
@@ -206,5 +207,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         model[k] = (total / len(paths)).to(first["model"][k].dtype)
     averaged = {k: v for k, v in first.items() if k != "train_state"}
     averaged["model"] = model
-    averaged["averaged_from"] = [str(p) for p in paths]
+    # As imported checkpoints do: `config` says where the weights came from.
+    averaged["config"] = {"averaged_from": [str(p) for p in paths],
+                          "training_config": first.get("config")}
     return averaged

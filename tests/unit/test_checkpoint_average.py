@@ -32,7 +32,7 @@ def run_dir(demo_data_dir, tmp_path_factory):
 
 def test_average_of_the_last_k(run_dir, tmp_path, capsys):
     out = tmp_path / "avg.pt"
-    assert _script().main([str(run_dir), "--last", "3", "-o", str(out)]) == 0
+    assert _script().main(["--inputs", str(run_dir), "--num-last", "3", "--output", str(out)]) == 0
     assert "averaged 3 checkpoints" in capsys.readouterr().out
     avg = load_checkpoint(out)
     assert "train_state" not in avg
@@ -44,6 +44,16 @@ def test_average_of_the_last_k(run_dir, tmp_path, capsys):
     assert bundle.model.training is False
 
 
+def test_explicit_files_and_the_default_output(run_dir, capsys):
+    files = [str(run_dir / f"checkpoint_1_{u}.pt") for u in (1, 2)]
+    assert _script().main(["--inputs", *files]) == 0
+    avg = load_checkpoint(run_dir / "checkpoint_avg.pt")["model"]
+    one, two = (load_checkpoint(f)["model"] for f in files)
+    assert all(torch.allclose(avg[k], (one[k] + two[k]) / 2, atol=1e-7) for k in avg)
+    assert _script().main(["--inputs", str(run_dir)]) == 2
+    assert "needs --num-last K or --num-best K" in capsys.readouterr().err
+
+
 def test_averaging_one_checkpoint_is_the_identity(run_dir):
     path = run_dir / "checkpoint_1_4.pt"
     avg = average_checkpoints([path])
@@ -52,7 +62,7 @@ def test_averaging_one_checkpoint_is_the_identity(run_dir):
 
 
 def test_asking_for_more_than_exist_is_an_error(run_dir, capsys):
-    assert _script().main([str(run_dir), "--last", "99"]) == 2
+    assert _script().main(["--inputs", str(run_dir), "--num-last", "99"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("average_checkpoints: error:") and "asked for 99 but found 4" in err
 

@@ -180,8 +180,10 @@ def test_beam1_equals_greedy(model):
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_output_does_not_depend_on_the_batch(model, beam):
-    sources = _sources([6, 11, 3, 8, 14, 6], seed=1)
-    gen = SequenceGenerator([model], SearchConfig(beam=beam, nbest=beam, max_len_b=12))
+    # Length limits of 1 x source + 2 end the sentences at different steps, so finished
+    # ones idle in the batch for a while and then leave it (both paths are exercised).
+    sources = _sources([6, 11, 3, 8, 14, 6, 4, 5, 9], seed=1)
+    gen = SequenceGenerator([model], SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=2))
     together = gen.generate(_pad(sources))
     reordered = gen.generate(_pad(sources[::-1]))[::-1]
     for i, src in enumerate(sources):
