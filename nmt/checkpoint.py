@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from nmt.errors import NmtError
+from nmt.fsutil import fsync_dir
 
 FORMAT_VERSION = 1
 CHECKSUM_KEY = "checksum"  # "sha256:<hex>" of every other entry, see payload_checksum
@@ -72,11 +73,7 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(path.parent)
     except OSError as exc:
         Path(tmp_name).unlink(missing_ok=True)
         raise NmtError(f"{path}: could not write checkpoint ({exc.strerror or exc}); "

@@ -32,6 +32,7 @@ from nmt.data.meta import META_FILE, DataMeta, SplitInfo, split_prefix, write_me
 from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
+from nmt.fsutil import fsync_dir
 
 PROG = "nmt-preprocess"
 
@@ -300,11 +301,7 @@ def _move_into_place(tmp: Path, dest: Path) -> None:
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
         os.rename(dest, old)
     os.rename(tmp, dest)
-    dir_fd = os.open(dest.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(dest.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -6,6 +6,7 @@ seconds; both are bounded by subprocess timeouts and never hang.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from nmt.distributed import DistEnv, env_from_environ
@@ -26,6 +28,10 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra)
     return env
+
+
+def _events(save_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (save_dir / "train.jsonl").read_text().splitlines()]
 
 
 def _free_port() -> int:
@@ -42,24 +48,29 @@ def test_env_from_environ():
 
 def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_path):
     # 14 updates of 2 batches cross the end of the first epoch; an odd batch count there
-    # gives rank 1 a weight-0 dummy pass, which must not change the update either.
+    # gives rank 1 a weight-0 dummy pass, which must not change the update either. The final
+    # validation (loss and BLEU, each rank on its share) must equal the single process's.
+    common = dict(max_update=14, clip_norm=0.5, valid_split="test", eval_bleu=True,
+                  eval_bleu_max_sentences=12, eval_bleu_len_b=4)
     worker = tmp_path / "worker.py"
     worker.write_text(textwrap.dedent(f"""
         from pathlib import Path
         from train_helpers import NO_DROPOUT, run_training, tiny_config
         run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / 'ddp')!r}),
-                                 update_freq=1, model=NO_DROPOUT, max_update=14, clip_norm=0.5))
+                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
     """))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node", "2", str(worker)], env=_env(), capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run_training(tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT,
-                             max_update=14, clip_norm=0.5))
+    run_training(tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common))
     ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
     assert ddp.keys() == single.keys()
     worst = max(float((ddp[k] - single[k]).abs().max()) for k in ddp)
     assert worst <= 1e-6
+    valid = [[e for e in _events(tmp_path / run) if e["type"] == "valid"][-1] for run in ("ddp", "single")]
+    assert valid[0]["loss"] == pytest.approx(valid[1]["loss"], abs=1e-5)
+    assert valid[0]["ntokens"] == valid[1]["ntokens"] and valid[0]["bleu"] == pytest.approx(valid[1]["bleu"])
     # and training moved the weights: the comparison is not between two initialisations
     init = Trainer(tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)).model.state_dict()
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
