@@ -26,6 +26,7 @@ import torch
 
 from nmt.checkpoint import save_checkpoint
 from nmt.errors import NmtError
+from nmt.fsutil import fsync_dir
 
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
@@ -134,11 +135,7 @@ class CheckpointManager:
                     written.append(self.best_k_path(best_value))
             for path in written[1:]:
                 _link_atomic(self.last_path, path)
-            dir_fd = os.open(self.save_dir, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_dir(self.save_dir)
         except OSError as exc:
             raise NmtError(f"{self.save_dir}: could not write checkpoint files ({exc.strerror or exc}); "
                            f"{LAST} is complete") from exc
