@@ -109,3 +109,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
+
+
+@pytest.fixture
+def one_thread():
+    """The machine is shared: one torch thread is faster and steadier for small models.
+
+    Test modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

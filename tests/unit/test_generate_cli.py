@@ -25,12 +25,7 @@ from nmt.model.transformer import Transformer
 WORDS = "one two three four five six seven eight nine ten eleven twelve hundred thousand and".split()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sentences(n: int, seed: int) -> list[str]:

@@ -20,13 +20,7 @@ from nmt.model.transformer import EncoderOut, Transformer
 A, B, C = 4, 5, 6  # the Markov model's three words
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The machine is shared: one thread is faster and steadier for these small models."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _NoCache:
