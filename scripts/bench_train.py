@@ -29,24 +29,26 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 1.0) -> float:
+def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 1.0, device: str = "cpu") -> float:
     """Best-of FLOP/s of an n x n x n matmul in `dtype` (threads as currently set)."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(3):  # warm-up: kernel selection, AMX tile config, caches
         a @ b
+    sync()
     best = float("inf")
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         start = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
 
@@ -64,13 +66,18 @@ def batch_flops(model_cfg, vocab: int, src_lens: np.ndarray, tgt_lens: np.ndarra
     return 3 * 2 * macs
 
 
+def _device(args: argparse.Namespace) -> str:
+    # scripts/bench.py builds its own Namespace without --device: CPU, as before the option.
+    return getattr(args, "device", "cpu")
+
+
 def train_cfg(args: argparse.Namespace, precision: str, save_dir: Path):
     from nmt.cli import compose_config, to_dataclass
 
     overrides = [f"data={args.data}", f"save_dir={save_dir}", f"model={args.model}",
                  "optim=adam_inverse_sqrt", "optim.lr=1e-3", "optim.warmup_updates=1000",
                  "optim.weight_decay=0.0001", "label_smoothing=0.1", f"max_tokens={args.max_tokens}",
-                 f"precision={precision}", f"threads={args.threads}", "device=cpu", "seed=1",
+                 f"precision={precision}", f"threads={args.threads}", f"device={_device(args)}", "seed=1",
                  f"max_update={args.updates}", f"log_interval={args.log_interval}", "valid_split=''",
                  "no_save=true", "tensorboard=false", "progress_bar=false"]
     if args.fairseq_shape:
@@ -116,7 +123,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="updates not measured (warm-up)")
     parser.add_argument("--log-interval", type=int, default=10, help="updates per measured interval")
     parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="fp32 bf16 fp16 (fp16: CUDA)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU run")
     parser.add_argument("--no-fairseq-shape", dest="fairseq_shape", action="store_false",
                         help="use the preset as is (default: the fairseq peer script's settings)")
     args = parser.parse_args()
@@ -124,15 +132,17 @@ def main() -> None:
         raise SystemExit("--warmup must be a multiple of --log-interval")
 
     torch.set_num_threads(args.threads)
-    print(f"# torch {torch.__version__}, {args.threads} threads, load average {os.getloadavg()[0]:.2f} "
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{args.threads} threads"
+    print(f"# torch {torch.__version__}, {where}, load average {os.getloadavg()[0]:.2f} "
           f"(the machine is shared: other jobs lower these figures)")
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    peaks = {p: matmul_peak(dtypes[p], device=args.device) for p in dict.fromkeys(["fp32", *args.precisions])}
     for name, value in peaks.items():
         print(f"matmul peak {name}: {value / 1e9:8.1f} GFLOP/s (2048^3, best of 1 s)")
     results = [run(args, p) for p in args.precisions]
     base = results[0]["tok_s_mean"]
     for r in results:
-        peak = peaks.get(r["precision"], peaks["fp32"])
+        peak = peaks[r["precision"]]
         print(f"{args.model} {r['precision']}: {r['tok_s_mean']:7.0f} target tok/s (median of "
               f"{r['intervals']} intervals {r['tok_s_median']:.0f}), {r['flop_s'] / 1e9:6.1f} model GFLOP/s "
               f"= {100 * r['flop_s'] / peak:4.1f}% of the {r['precision']} matmul peak, "

@@ -385,8 +385,8 @@ class Trainer:
         self.logger.close_bar()
         self.logger.event("stop", update=self.num_updates, epoch=self.epoch, reason=stop,
                           best=self.best.best)
-        self.logger.message(f"stopped ({stop}) after {self.num_updates} updates; best "
-                            f"{cfg.best_metric} {self.best.best}")
+        best = "" if self.best.best is None else f"; best {cfg.best_metric} {self.best.best:.4f}"
+        self.logger.message(f"stopped ({stop}) after {self.num_updates} updates{best}")
         return TrainResult(num_updates=self.num_updates, epoch=self.epoch, best=self.best.best,
                            stop_reason=stop, signal=signals.received)
 

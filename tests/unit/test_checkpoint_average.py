@@ -13,6 +13,9 @@ from nmt.errors import NmtError
 from nmt.training.checkpointing import average_checkpoints
 from train_helpers import run_training, tiny_config
 
+# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "average_checkpoints.py"
 
 

@@ -21,6 +21,9 @@ from nmt.distributed import DistEnv, env_from_environ
 from nmt.training.trainer import Trainer
 from train_helpers import NO_DROPOUT, last_params, run_training, tiny_config
 
+# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -12,6 +12,9 @@ from nmt.checkpoint import load_checkpoint
 from nmt.training.trainer import Trainer
 from train_helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
+# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TOTAL = 16  # the demo valid split at max_tokens=500, update_freq=2: ~10 updates per epoch
 
 

@@ -17,6 +17,9 @@ from nmt.training.config import OptimConfig
 from nmt.training.trainer import Trainer
 from train_helpers import TINY_MODEL, run_training, tiny_config
 
+# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _events(save_dir: Path) -> list[dict]:
     lines = (save_dir / "train.jsonl").read_text(encoding="utf-8").splitlines()
@@ -89,6 +92,13 @@ def test_max_epoch_and_eval_bleu(demo_data_dir, tmp_path):
     valid = [e for e in _events(tmp_path / "run") if e["type"] == "valid"]
     assert len(valid) == 1 and 0.0 <= valid[0]["bleu"] <= 100.0
     assert (tmp_path / "run" / "checkpoint_1_{}.pt".format(result.num_updates)).exists()
+
+
+def test_max_time_stops_after_the_update_in_progress(demo_data_dir, tmp_path):
+    result = run_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=50, max_time=1e-9))
+    assert result.stop_reason == "max_time" and result.num_updates == 1
+    state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
+    assert state["num_updates"] == 1 and state["elapsed"] > 0
 
 
 def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):

@@ -18,6 +18,9 @@ from nmt.training import trainer as trainer_module
 from nmt.training.trainer import Trainer
 from train_helpers import run_training, tiny_config
 
+# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -31,9 +31,14 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
 
 
 def run_training(cfg: TrainConfig):
+    """Trainer(cfg).run(), leaving torch's global thread count as it found it."""
     from nmt.training.trainer import Trainer
 
-    return Trainer(cfg).run()
+    threads = torch.get_num_threads()
+    try:
+        return Trainer(cfg).run()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def last_params(save_dir: Path) -> dict[str, torch.Tensor]:
