@@ -79,20 +79,26 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
 
 
-def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_path):
+def start_ranks_with_a_faulty_rank_1(demo_data_dir: Path, tmp_path: Path, fault: str,
+                                    imports: str = "") -> list[subprocess.Popen]:
+    """Start 2 gloo ranks of a tiny nmt-train; rank 1 runs `fault` when its 3rd update starts.
+
+    `fault` is one statement (it may use `os`); `imports` adds import lines to the worker.
+    """
     worker = tmp_path / "worker.py"
     worker.write_text(textwrap.dedent(f"""
         import os
         from nmt.cli import main
         from nmt.training.trainer import Trainer
+        {imports}
 
         if os.environ["RANK"] == "1":
             real_step = Trainer._train_step
-            def dying_step(self, group):
+            def faulty_step(self, group):
                 if self.num_updates == 2:
-                    os._exit(3)  # a crash: no cleanup, no goodbye to the other rank
+                    {fault}
                 real_step(self, group)
-            Trainer._train_step = dying_step
+            Trainer._train_step = faulty_step
         main("train", ["data={demo_data_dir}", "save_dir={tmp_path / 'run'}", "train_split=valid",
                        "valid_split=''", "max_tokens=500", "max_update=50", "threads=1", "device=cpu",
                        "ddp_timeout=20", "tensorboard=false", "progress_bar=false",
@@ -100,10 +106,15 @@ def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_
                        "model.decoder_layers=1", "model.attention_heads=2"])
     """))
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                                  MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in range(2)]
+    return [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+            for r in range(2)]
+
+
+def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_path):
+    # os._exit: a crash with no cleanup and no goodbye to the other rank
+    procs = start_ranks_with_a_faulty_rank_1(demo_data_dir, tmp_path, "os._exit(3)")
     try:
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
