@@ -71,7 +71,7 @@ def main() -> None:
             if profile is not None:
                 sync(dev)
                 t0 = time.perf_counter()
-            cache.reorder(orders[t], keep_encoder=True)
+            cache.reorder(orders[t])
             if profile is not None:
                 sync(dev)
                 profile["reorder"] += time.perf_counter() - t0

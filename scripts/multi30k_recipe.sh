@@ -90,7 +90,7 @@ say "training took $(( $(date +%s) - start )) s (this invocation)"
 
 # 3. Average the newest AVG numbered checkpoints.
 AVG_CKPT="$RUN/checkpoint_avg_last$AVG.pt"
-"$PYTHON" scripts/average_checkpoints.py "$RUN" --last "$AVG" -o "$AVG_CKPT"
+"$PYTHON" scripts/average_checkpoints.py --inputs "$RUN" --num-last "$AVG" -o "$AVG_CKPT"
 
 # 4. Translate the test set. SMOKE: the first 100 sentences, output capped near the source
 #    length (a barely trained model rarely stops by itself).

@@ -47,8 +47,12 @@ class _Member:
 
     def __init__(self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor, use_cache: bool):
         self.model = model
-        self.enc = model.encode(src_tokens).reorder(expand)  # rows: sentence b -> K rows
+        self.enc = model.encode(src_tokens)  # one row per sentence
         self.cache = model.new_cache() if use_cache else None
+        if self.cache is None:  # the uncached decoder needs a source row per decoder row
+            self.enc = self.enc.reorder(expand)  # rows: sentence b -> K rows
+        # (the cache keeps one row of encoder keys/values per sentence, which its K beams
+        # share: K times less to project, store, read and move)
 
     def step(self, tokens: Tensor, attn_layer: int | None) -> tuple[Tensor, Tensor | None]:
         """tokens [R,1+t] decoder input so far -> (logits [R,V], attn [R,S] | None)."""
@@ -58,12 +62,13 @@ class _Member:
             logits, attn = self.model.decode(tokens, self.enc, None, attn_layer)
         return logits[:, -1], None if attn is None else attn[:, -1]
 
-    def reorder(self, order: Tensor, same_sentences: bool) -> None:
-        """Rows become old rows `order`; same_sentences: no sentence left the batch."""
+    def reorder(self, order: Tensor, kept: Tensor | None) -> None:
+        """Rows become old rows `order` [R']; kept [N']: the sentences that stay, or None
+        when no sentence left the batch."""
         if self.cache is not None:
             # The cache holds the encoder keys/values; `enc` is not read after step 0.
-            self.cache.reorder(order, keep_encoder=same_sentences)
-        elif not same_sentences:
+            self.cache.reorder(order, encoder_rows=kept)
+        elif kept is not None:
             self.enc = self.enc.reorder(order)
 
 
@@ -262,7 +267,7 @@ class SequenceGenerator:
             unmoved = same_sentences and (k == 1 or s.sampling)
             if not unmoved:
                 for m in members:
-                    m.reorder(order, same_sentences)
+                    m.reorder(order, None if same_sentences else kept)
                 tokens, pos_scores = tokens[order], pos_scores[order]
             tokens = torch.cat([tokens, act_tokens.view(-1, 1)], dim=1)
             pos_scores = torch.cat([pos_scores, act_lp.view(-1, 1)], dim=1)

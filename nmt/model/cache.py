@@ -8,8 +8,9 @@ Self-attention keys/values of every layer live in one preallocated buffer
 prefix) and attention reads a view of the filled part. The capacity grows in chunks, so
 a step copies nothing but its own keys/values, and a beam reorder is one row gather of
 the filled positions, for all layers at once, into a second buffer that is then swapped
-in. Encoder-decoder keys/values [B, L, 2, H, S, Dh] are projected once per source, on
-the first step, and kept with the source's attention mask.
+in. Encoder-decoder keys/values [E, L, 2, H, S, Dh] are projected once per source, on
+the first step, and kept with the source's attention mask; E is B, or B/K when the K
+beams of each sentence share their source's rows (see MultiheadAttention).
 """
 
 from __future__ import annotations
@@ -78,12 +79,13 @@ class DecoderCache:
         return self._enc_kv[:, layer, 0], self._enc_kv[:, layer, 1]
 
     # -- beam search --------------------------------------------------------------------
-    def reorder(self, index: Tensor, keep_encoder: bool = False) -> None:
+    def reorder(self, index: Tensor, encoder_rows: Tensor | None = None) -> None:
         """Make row i the old row index[i] (index [B'] long; B' may differ from B).
 
-        With keep_encoder=True the encoder-decoder keys/values and mask are left as they
-        are, which is right only when every index[i] is a row of the same source as row
-        i (beams of one sentence reordered among themselves, batch size unchanged): it
+        The encoder-decoder keys/values and mask have their own rows: one per source when
+        the beams of a sentence share them (the generator's way), or one per row. With
+        `encoder_rows` they become those old rows; None leaves them as they are, which is
+        right while the sources stay the same (beams reordered within their sentence): it
         saves copying L x S keys/values per row at every beam step.
         """
         buf = self._self_kv
@@ -99,11 +101,11 @@ class DecoderCache:
             torch.index_select(buf[..., :filled, :], 0, index, out=spare[..., :filled, :])
             # A shrinking batch keeps using the first rows of the old buffer.
             self._self_kv, self._spare = spare, buf[:rows] if buf.size(0) >= rows else None
-        if keep_encoder:
+        if encoder_rows is None:
             return
         # Advanced indexing rather than index_select for these contiguous tensors: on two
         # busy CPU cores, index_select's contiguous kernel stalled for seconds.
         if self._enc_kv is not None:
-            self._enc_kv = self._enc_kv[index]
+            self._enc_kv = self._enc_kv[encoder_rows]
         if self.enc_mask is not None:
-            self.enc_mask = self.enc_mask[index]
+            self.enc_mask = self.enc_mask[encoder_rows]

@@ -105,6 +105,23 @@ def activation(name: str) -> Callable[[Tensor], Tensor]:
     return F.gelu if name == "gelu" else F.relu
 
 
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
+          is_causal: bool) -> Tensor:
+    """F.scaled_dot_product_attention [B,H,T,Dh] -> [B,H,T,Dh], fp32 for CPU bf16 training.
+
+    torch's CPU flash-attention backward is ~11x slower in bf16 than in fp32 (a third of a
+    bf16 training step), so when gradients are needed on a CPU the attention itself runs
+    in fp32 and only the projections around it stay in bf16. CUDA and inference are as is.
+    """
+    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or not torch.is_grad_enabled():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal)
+    with torch.autocast("cpu", enabled=False):
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                             dropout_p=dropout_p, is_causal=is_causal)
+    return out.to(torch.bfloat16)
+
+
 class MultiheadAttention(nn.Module):
     """Multi-head attention on F.scaled_dot_product_attention.
 
@@ -142,16 +159,27 @@ class MultiheadAttention(nn.Module):
 
         `mask` is boolean, True = may attend, broadcastable to [B,H,T,K]. The weights are
         averaged over heads and computed only when asked for, on a separate path.
+
+        Key/value may also hold one row per G consecutive query rows ([B/G,H,K,Dh], mask
+        broadcastable to [B/G,H,1,K]): the K beams of a sentence then share its encoder
+        keys/values, and their queries are attended together as one [G*T] block.
         """
         batch, length, dim = query.shape
         q = self._heads(self.q_proj(query))  # [B,H,T,Dh]
+        group = batch // key.size(0)
+        if group > 1:  # [B,H,T,Dh] -> [B/G,H,G*T,Dh]: one row per key row
+            q = q.view(-1, group, self.num_heads, length, self.head_dim).transpose(1, 2)
+            q = q.reshape(-1, self.num_heads, group * length, self.head_dim)
         p = self.dropout if self.training else 0.0
         if need_weights:
             out, weights = self._attend_with_weights(q, key, value, mask, is_causal, p)
         else:
-            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=p,
-                                                 is_causal=is_causal)
+            out = _sdpa(q, key, value, mask, p, is_causal)
             weights = None
+        if group > 1:  # back to [B,H,T,Dh]
+            out = out.view(-1, self.num_heads, group, length, self.head_dim).transpose(1, 2)
+            out = out.reshape(batch, self.num_heads, length, self.head_dim)
+            weights = None if weights is None else weights.reshape(batch, length, -1)
         out = out.transpose(1, 2).reshape(batch, length, dim)  # [B,H,T,Dh] -> [B,T,D]
         return self.out_proj(out), weights
 

@@ -62,6 +62,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or CUDA) | fp16 (CUDA, loss scaling)
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    max_oom_skips: int = 3  # out-of-memory updates skipped in a row before the run stops
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = no clipping (gnorm still logged)
     fp16_init_scale: float = 128.0  # fp16: initial loss scale
     fp16_min_scale: float = 1e-4  # fp16: stop with an error if the scale falls below this

@@ -179,6 +179,8 @@ class Trainer:
         # Running figures since the last log line: summed loss and nll (this rank, device
         # tensors, no sync per update), gnorm sum, target tokens of all ranks, updates.
         self._interval = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self.oom_skips = 0  # updates dropped because a batch ran out of memory
+        self._consecutive_ooms = 0
         self._interval_tokens = 0
         self._interval_updates = 0
         self._interval_start = time.monotonic()
@@ -384,9 +386,10 @@ class Trainer:
             self._save(numbered=False, best_value=None)
         self.logger.close_bar()
         self.logger.event("stop", update=self.num_updates, epoch=self.epoch, reason=stop,
-                          best=self.best.best)
+                          best=self.best.best, oom_skipped=self.oom_skips)
         best = "" if self.best.best is None else f"; best {cfg.best_metric} {self.best.best:.4f}"
-        self.logger.message(f"stopped ({stop}) after {self.num_updates} updates{best}")
+        ooms = f"; {self.oom_skips} updates skipped (out of memory)" if self.oom_skips else ""
+        self.logger.message(f"stopped ({stop}) after {self.num_updates} updates{best}{ooms}")
         return TrainResult(num_updates=self.num_updates, epoch=self.epoch, best=self.best.best,
                            stop_reason=stop, signal=signals.received)
 
@@ -407,20 +410,13 @@ class Trainer:
         # Target tokens of the whole update, over all ranks: known from the lengths alone.
         total_tokens = int(self.train_data.tgt_sizes[np.concatenate(group)].sum())
         share = rank_share(group, self.env.rank, self.env.world_size)
-        scale = self.env.world_size / total_tokens  # DDP divides the summed gradient by world_size
-        for i, idx in enumerate(share):
-            dummy = idx is None  # a short share: run a real batch with weight 0 to keep DDP in step
-            batch = self._collate(self.train_data, group[0] if dummy else idx)
-            last = i == len(share) - 1
-            sync = nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
-            with sync:
-                with self._autocast():
-                    logits = model(batch.src_tokens, batch.prev_tokens)  # [B,T,V]
-                out = label_smoothed_nll_loss(logits, batch.target, cfg.label_smoothing, PAD)
-                self.scaler.scale(out.loss * (0.0 if dummy else scale)).backward()
-            if not dummy:
-                self._interval[0] += out.loss.detach()
-                self._interval[1] += out.nll.detach()
+        try:
+            loss_sums = self._forward_backward(model, group, share, total_tokens)
+        except torch.OutOfMemoryError:
+            self._skip_out_of_memory(group)
+            return
+        self._consecutive_ooms = 0
+        self._interval[:2] += loss_sums
 
         params = [p for p in self.model.parameters() if p.grad is not None]
         self.scaler.unscale_(self.optimizer)  # gnorm and clipping see the true gradients
@@ -451,6 +447,49 @@ class Trainer:
                                          self._nonfinite_at)
         if self.device.type == "cpu":  # a sync is free on CPU: stop at the very update
             self._check_finite()
+
+    def _forward_backward(self, model: torch.nn.Module, group: list[np.ndarray],
+                          share: list, total_tokens: int) -> torch.Tensor:
+        """Gradients of this rank's share of an update; returns its [loss, nll] sums."""
+        cfg = self.cfg
+        scale = self.env.world_size / total_tokens  # DDP divides the summed gradient by world_size
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for i, idx in enumerate(share):
+            dummy = idx is None  # a short share: run a real batch with weight 0 to keep DDP in step
+            batch = self._collate(self.train_data, group[0] if dummy else idx)
+            last = i == len(share) - 1
+            sync = nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
+            with sync:
+                with self._autocast():
+                    logits = model(batch.src_tokens, batch.prev_tokens)  # [B,T,V]
+                out = label_smoothed_nll_loss(logits, batch.target, cfg.label_smoothing, PAD)
+                self.scaler.scale(out.loss * (0.0 if dummy else scale)).backward()
+            if not dummy:
+                sums[0] += out.loss.detach()
+                sums[1] += out.nll.detach()
+        return sums
+
+    def _skip_out_of_memory(self, group: list[np.ndarray]) -> None:
+        """fairseq's behaviour: drop the update whose batch ran out of memory, count it, and
+        go on; stop when it keeps happening (the batches are simply too big)."""
+        self.optimizer.zero_grad(set_to_none=True)  # partial gradients of the failed update
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        sentences = sum(len(idx) for idx in group)
+        tokens = int(self.train_data.tgt_sizes[np.concatenate(group)].sum())
+        where = f"update {self.num_updates + 1} ({sentences} sentences, {tokens} target tokens)"
+        if self.env.is_distributed:  # the other ranks are already inside the gradient all-reduce
+            raise NmtError(f"rank {self.env.rank}/{self.env.world_size}: out of memory in {where}; "
+                           "lower max_tokens (or raise update_freq to keep the effective batch)")
+        self.oom_skips += 1
+        self._consecutive_ooms += 1
+        self.logger.event("oom", update=self.num_updates + 1, sentences=sentences, tokens=tokens,
+                          skipped_total=self.oom_skips)
+        self.logger.message(f"out of memory in {where}: skipped it ({self.oom_skips} skipped so far)")
+        if self._consecutive_ooms > self.cfg.max_oom_skips:
+            raise NmtError(f"out of memory in {self._consecutive_ooms} updates in a row, the last "
+                           f"{where}: lower max_tokens (or raise update_freq to keep the effective "
+                           f"batch); max_oom_skips={self.cfg.max_oom_skips}")
 
     def _overflow(self, scale_before: float) -> None:
         scale = self.scaler.get_scale()

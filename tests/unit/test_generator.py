@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class _NoCache:
     length = 0
 
-    def reorder(self, index: torch.Tensor, keep_encoder: bool = False) -> None:
+    def reorder(self, index: torch.Tensor, encoder_rows: torch.Tensor | None = None) -> None:
         pass
 
 

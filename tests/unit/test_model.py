@@ -93,7 +93,7 @@ def test_cache_reorder_equals_recomputing_reordered_prefixes():
         cache = model.new_cache()
         for t in range(4):
             model.decode(prev[:, t:t + 1], enc, cache)
-        cache.reorder(index)
+        cache.reorder(index, encoder_rows=index)
         # Continue the reordered rows with new tokens, and recompute them from scratch.
         tail = torch.randint(4, TGT_V, (len(index), 2))
         cached = torch.cat([model.decode(tail[:, t:t + 1], enc, cache)[0] for t in range(2)], 1)
@@ -116,13 +116,13 @@ def test_reorder_every_step_with_shrinking_batch_equals_recomputing():
             full, _ = model.decode(history, enc)
             assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5
             index = torch.randint(0, history.size(0), (rows_after,), generator=gen)
-            cache.reorder(index)
+            cache.reorder(index, encoder_rows=index)
             enc = enc.reorder(index)
             step = torch.randint(4, TGT_V, (rows_after, 1), generator=gen)
             history = torch.cat([history[index], step], 1)
 
 
-def test_reorder_keep_encoder_within_sentence_beams():
+def test_reorder_within_sentence_beams_keeps_encoder_rows():
     """Beam search's reorder: rows stay within their sentence, encoder states need not move."""
     model = make_model(seed=2)
     src = tokens([6, 3], SRC_V)
@@ -135,11 +135,42 @@ def test_reorder_keep_encoder_within_sentence_beams():
         cache = model.new_cache()
         for t in range(3):
             model.decode(prev[:, t:t + 1], enc, cache)
-        cache.reorder(index, keep_encoder=True)
+        cache.reorder(index)
         step = torch.randint(4, TGT_V, (6, 1))
         cached, _ = model.decode(step, enc, cache)
         full, _ = model.decode(torch.cat([prev[index, :3], step], 1), enc.reorder(index))
     assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5
+
+
+def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows():
+    """The generator's layout: the cache holds one encoder row per sentence and K decoder
+    rows per sentence attend to it; outputs equal decoding against K expanded copies, also
+    with attention weights, after beam reorders and after a sentence leaves the batch."""
+    model = make_model(seed=3)
+    src = tokens([6, 3, 5], SRC_V)
+    beams = 2
+    expand = torch.arange(3).repeat_interleave(beams)  # [0,0,1,1,2,2]
+    history = tokens([1] * 6, TGT_V, first=EOS)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        enc = model.encode(src)  # [3 sentences]
+        enc_rows = enc.reorder(expand)  # [6 rows]
+        cache = model.new_cache()
+        sentences = torch.arange(3)
+        for step in range(4):
+            cached, cached_attn = model.decode(history[:, -1:], enc, cache, attn_layer=-1)
+            full, full_attn = model.decode(history, enc_rows, attn_layer=-1)
+            assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5
+            assert (cached_attn[:, 0] - full_attn[:, -1]).abs().max() <= 1e-5
+            n = sentences.numel()
+            keep = torch.arange(n) if step != 1 else torch.tensor([0, 2])  # sentence 1 leaves
+            origin = torch.randint(0, beams, (keep.numel(), beams), generator=gen)
+            index = (keep[:, None] * beams + origin).view(-1)  # beams stay within their sentence
+            cache.reorder(index, encoder_rows=None if step != 1 else keep)
+            sentences = sentences[keep]
+            enc_rows = enc_rows.reorder(index)
+            step_tokens = torch.randint(4, TGT_V, (index.numel(), 1), generator=gen)
+            history = torch.cat([history[index], step_tokens], 1)
 
 
 def test_padding_and_batch_composition_do_not_change_outputs():
@@ -258,3 +289,25 @@ def test_fairseq_initialisation():
     bound = (6 / 128) ** 0.5 / 2 ** 0.5
     assert attn.q_proj.weight.abs().max() <= bound
     assert model.encoder.layers[0].fc1.bias.abs().max() == 0
+
+
+def test_cpu_bf16_training_attention_runs_in_fp32():
+    """Under CPU bf16 autocast with gradients, attention is computed in fp32 (torch's bf16
+    CPU attention backward is ~11x slower) and handed back in bf16; inference keeps bf16."""
+    from nmt.model.layers import MultiheadAttention
+
+    torch.manual_seed(0)
+    attn = MultiheadAttention(32, 4, dropout=0.0)
+    x = torch.randn(2, 5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        k, v = attn.project_kv(x)
+        out, _ = attn(x, k, v, is_causal=True)
+        q = attn._heads(attn.q_proj(x))
+    assert out.dtype == torch.bfloat16 and q.dtype == torch.bfloat16
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                 is_causal=True).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = attn.out_proj(expected.transpose(1, 2).reshape(2, 5, 32))
+    assert torch.equal(out, reference)
+    out.float().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
