@@ -168,6 +168,11 @@ def main(name: str, argv: list[str] | None = None) -> None:
         # `nmt-generate ... | head`: the reader went away; that is not an error.
         sys.stderr.close()
         sys.exit(0)
+    except OSError as exc:  # unreadable or unwritable paths, full disks, ...
+        if debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        _fail(prog, f"{where}{exc.strerror or exc}", 1)
     except Exception as exc:  # an unexpected bug: still one line, unless debug=true
         if debug:
             raise

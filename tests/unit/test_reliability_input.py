@@ -299,3 +299,46 @@ def test_piped_generation_answers_before_the_input_ends(ckpt, monkeypatch):
         answers.close()
         if not feed.closed:
             feed.close()
+
+
+# ------------------------------------------------------------------ permissions
+
+
+def _deny_reading(monkeypatch, denied: Path) -> None:
+    """Make opening `denied` fail as a file without read permission does (the tests run as
+    root, which chmod cannot stop)."""
+    import builtins
+    import io
+
+    real_open = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file) == denied:
+            raise PermissionError(13, "Permission denied", str(denied))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    monkeypatch.setattr(io, "open", guarded)
+
+
+def test_an_unreadable_corpus_file_is_one_line_naming_it(nmt_cli, small_corpus, tmp_path, monkeypatch):
+    denied = small_corpus / "train.de"
+    _deny_reading(monkeypatch, denied)
+    code, _, err = nmt_cli("preprocess", f"data.trainpref={small_corpus / 'train'}",
+                           f"data.validpref={small_corpus / 'valid'}", "data.testpref=[]",
+                           f"data.dest={tmp_path / 'out'}", "spm.vocab_size=200",
+                           "spm.byte_fallback=false", "workers=1")
+    one_line_error(code, err, "preprocess", str(denied), "Permission denied")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file whatever its mode")
+def test_a_chmod_000_corpus_file_is_one_line_naming_it(nmt_cli, small_corpus, tmp_path):
+    denied = small_corpus / "train.de"
+    denied.chmod(0)
+    code, _, err = nmt_cli("preprocess", f"data.trainpref={small_corpus / 'train'}",
+                           f"data.validpref={small_corpus / 'valid'}", "data.testpref=[]",
+                           f"data.dest={tmp_path / 'out'}", "spm.vocab_size=200",
+                           "spm.byte_fallback=false", "workers=1")
+    one_line_error(code, err, "preprocess", str(denied))
+    assert not (tmp_path / "out").exists()
