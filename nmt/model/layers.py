@@ -105,6 +105,26 @@ def activation(name: str) -> Callable[[Tensor], Tensor]:
     return F.gelu if name == "gelu" else F.relu
 
 
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """F.dropout with a cheaper mask on CPU (same distribution to within 2**-16 in p).
+
+    torch's CPU dropout draws one double per element from its serial RNG (a fifth of a
+    training step). Here each 32-bit draw gives the keep/drop decisions of two elements
+    (16 bits each), which is ~2x cheaper forward and backward. The mask keeps an element
+    with probability 1 - round(p * 2**16) / 2**16 and scales by its inverse, so the
+    expectation is exact. CUDA keeps F.dropout (its RNG is parallel).
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, training)
+    drop = round(p * 65536)  # dropped values out of 2**16
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int32).random_(-2**31, None)  # full 32 bits
+    keep = bits.view(torch.int16)[:n].view(x.shape) >= drop - 32768  # P = 1 - drop / 2**16
+    return x * (keep.to(x.dtype) * (65536 / (65536 - drop)))
+
+
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
           is_causal: bool) -> Tensor:
     """F.scaled_dot_product_attention [B,H,T,Dh] -> [B,H,T,Dh], fp32 for CPU bf16 training.
@@ -216,7 +236,7 @@ class _Layer(nn.Module):
 
     def residual(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
         """Dropout, residual add, and (post-norm only) the sub-layer's LayerNorm."""
-        x = x + F.dropout(sublayer_out, self.dropout, self.training)
+        x = x + dropout(sublayer_out, self.dropout, self.training)
         return x if self.normalize_before else norm(x)
 
     def pre_norm(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
@@ -225,7 +245,7 @@ class _Layer(nn.Module):
     def ffn(self, x: Tensor) -> Tensor:
         """The position-wise FFN sub-layer, residual and norm included: [B,L,D] -> [B,L,D]."""
         h = self.activation_fn(self.fc1(self.pre_norm(x, self.final_layer_norm)))  # [B,L,F]
-        h = F.dropout(h, self.activation_dropout, self.training)
+        h = dropout(h, self.activation_dropout, self.training)
         return self.residual(x, self.fc2(h), self.final_layer_norm)
 
 

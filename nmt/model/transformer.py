@@ -25,6 +25,7 @@ from nmt.model.layers import (
     SinusoidalPositionalEmbedding,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
+    dropout,
     token_embedding,
 )
 
@@ -87,7 +88,7 @@ class TransformerEncoder(nn.Module):
         x = x + self.embed_positions(0, src_tokens.size(1))  # [S,D] broadcast over B
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = nn.functional.dropout(x, self.dropout, self.training)
+        x = dropout(x, self.dropout, self.training)
         mask = attend_mask(padding_mask)
         for layer in self.layers:
             x = layer(x, mask)
@@ -124,7 +125,7 @@ class TransformerDecoder(nn.Module):
         x = x + self.embed_positions(start, length)  # [T,D] broadcast over B
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = nn.functional.dropout(x, self.dropout, self.training)
+        x = dropout(x, self.dropout, self.training)
 
         self_mask, causal = self._self_attn_mask(start, length, x.device)
         if cache is None:

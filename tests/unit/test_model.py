@@ -311,3 +311,34 @@ def test_cpu_bf16_training_attention_runs_in_fp32():
     assert torch.equal(out, reference)
     out.float().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_drops_p_and_keeps_the_expectation(p, dtype):
+    from nmt.model.layers import dropout
+
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)  # 1e6 draws: std of the rate ~5e-4
+    y = dropout(x, p, training=True)
+    kept = y.detach() != 0
+    assert abs(1 - kept.float().mean().item() - p) < 3e-3
+    assert torch.allclose(y.detach()[kept].float(), torch.tensor(1 / (1 - p)), rtol=1e-2)
+    assert abs(y.detach().float().mean().item() - 1.0) < 1e-2  # unbiased
+    y.sum().backward()  # the gradient flows exactly through the kept elements, scaled
+    assert torch.equal(x.grad != 0, kept) and torch.equal(x.grad, y.detach())
+    assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
+
+
+def test_cpu_dropout_masks_are_independent_and_follow_the_seed():
+    from nmt.model.layers import dropout
+
+    x = torch.ones(4, 999)  # odd size: the last 32-bit draw is half used
+    torch.manual_seed(3)
+    a, b = dropout(x, 0.5, True), dropout(x, 0.5, True)
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.5, True), a)  # reproducible from the seed (resume relies on it)
+    assert not torch.equal(a, b)
+    # neighbouring elements share a 32-bit draw but not their decision
+    same = (a[:, 0::2][:, :499] != 0) == (a[:, 1::2] != 0)
+    assert 0.4 < same.float().mean().item() < 0.6
