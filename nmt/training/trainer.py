@@ -77,7 +77,8 @@ def check_config(cfg: TrainConfig) -> None:
                     "patience": cfg.patience, "clip_norm": cfg.clip_norm, "threads": cfg.threads,
                     "validate_interval_updates": cfg.validate_interval_updates,
                     "save_interval_updates": cfg.save_interval_updates, "keep_best": cfg.keep_best,
-                    "eval_bleu_max_sentences": cfg.eval_bleu_max_sentences, "max_oom_skips": cfg.max_oom_skips}
+                    "eval_bleu_max_sentences": cfg.eval_bleu_max_sentences,
+                    "max_oom_skips": cfg.max_oom_skips}
     for key, value in non_negative.items():
         if value < 0:
             raise NmtError(f"{key}={value}: must be 0 or more")

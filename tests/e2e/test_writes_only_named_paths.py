@@ -44,8 +44,8 @@ def test_the_pipeline_writes_only_where_it_is_told(small_corpus, tmp_path):
     corpus = small_corpus
     inputs_before = _files(corpus)
     nmt("preprocess", f"data.trainpref={corpus / 'train'}", f"data.validpref={corpus / 'valid'}",
-        f"data.testpref=[{corpus / 'test'}]", f"data.dest={data}", "spm.vocab_size=200", "spm.byte_fallback=false",
-        "spm.num_threads=1", "workers=1")
+        f"data.testpref=[{corpus / 'test'}]", f"data.dest={data}", "spm.vocab_size=200",
+        "spm.byte_fallback=false", "spm.num_threads=1", "workers=1")
     nmt("train", f"data={data}", f"save_dir='{run_dir}'", "max_update=2", "threads=1", "device=cpu",
         "max_tokens=500", "progress_bar=false", "model.embed_dim=16", "model.ffn_dim=32",
         "model.attention_heads=2", "model.encoder_layers=1", "model.decoder_layers=1")
