@@ -414,7 +414,7 @@ class Trainer:
         try:
             loss_sums = self._forward_backward(model, group, share, total_tokens)
         except torch.OutOfMemoryError:
-            self._skip_out_of_memory(group)
+            self._skip_out_of_memory(group, total_tokens)
             return
         self._consecutive_ooms = 0
         self._interval[:2] += loss_sums
@@ -470,14 +470,13 @@ class Trainer:
                 sums[1] += out.nll.detach()
         return sums
 
-    def _skip_out_of_memory(self, group: list[np.ndarray]) -> None:
+    def _skip_out_of_memory(self, group: list[np.ndarray], tokens: int) -> None:
         """fairseq's behaviour: drop the update whose batch ran out of memory, count it, and
         go on; stop when it keeps happening (the batches are simply too big)."""
         self.optimizer.zero_grad(set_to_none=True)  # partial gradients of the failed update
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         sentences = sum(len(idx) for idx in group)
-        tokens = int(self.train_data.tgt_sizes[np.concatenate(group)].sum())
         where = f"update {self.num_updates + 1} ({sentences} sentences, {tokens} target tokens)"
         if self.env.is_distributed:  # the other ranks are already inside the gradient all-reduce
             raise NmtError(f"rank {self.env.rank}/{self.env.world_size}: out of memory in {where}; "
