@@ -112,11 +112,12 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     training step). Here each 32-bit draw gives the keep/drop decisions of two elements
     (16 bits each), which is ~2x cheaper forward and backward. The mask keeps an element
     with probability 1 - round(p * 2**16) / 2**16 and scales by its inverse, so the
-    expectation is exact. CUDA keeps F.dropout (its RNG is parallel).
+    expectation is exact. CUDA keeps F.dropout (its RNG is parallel), and so does
+    torch.compile, which fuses dropout with its own generator.
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or p >= 1.0:
+    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     drop = round(p * 65536)  # dropped values out of 2**16
     n = x.numel()
