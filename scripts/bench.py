@@ -92,10 +92,7 @@ def work_generate(p: dict[str, Any]) -> dict[str, Any]:
     from nmt.generation.generator import SequenceGenerator
     from nmt.generation.io import SourceEncoder, read_text_lines
 
-    from nmt.memory import keep_freed_memory
-
     torch.set_num_threads(p["threads"])
-    keep_freed_memory()  # as nmt-generate does on a CPU
     if p["checkpoint"]:
         bundle = load_for_inference(p["checkpoint"], torch.device("cpu"))
         max_len_a, max_len_b = 0.0, 200  # nmt-generate's defaults: a trained model stops by itself

@@ -32,7 +32,6 @@ from nmt.commands.generate import Translator  # noqa: E402
 from nmt.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 from nmt.generation.config import GenerateConfig  # noqa: E402
 from nmt.generation.generator import SequenceGenerator  # noqa: E402
-from nmt.memory import keep_freed_memory  # noqa: E402
 from nmt.generation.io import SourceEncoder, read_text_lines  # noqa: E402
 from nmt.model.config import ModelConfig  # noqa: E402
 from nmt.model.transformer import Transformer  # noqa: E402
@@ -96,7 +95,6 @@ def main() -> None:
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
-    keep_freed_memory()  # as nmt-generate does on a CPU
     bundle = load_for_inference(args.checkpoint) if args.checkpoint else random_small(Path(args.spm_cache))
     random_model = args.checkpoint is None
     max_len_a = args.max_len_a if args.max_len_a is not None else (1.0 if random_model else 0.0)

@@ -30,7 +30,6 @@ from nmt.generation.io import (
     split_sources,
     text_sources,
 )
-from nmt.memory import keep_freed_memory
 from nmt.scoring import as_path_list, corpus_bleu
 
 
@@ -132,8 +131,6 @@ def run(cfg: GenerateConfig) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    if device.type == "cpu":
-        keep_freed_memory()  # the search's large per-step tensors stay mapped
     autocast(device, cfg.dtype)  # refuse fp16 on the CPU before loading anything
     models, bundle = load_models(paths, device)
     nfkc = bool(bundle.data.get("normalization", {}).get("nfkc", False))

@@ -36,7 +36,6 @@ from nmt.data.meta import DataMeta, load_meta
 from nmt.data.vocab import PAD, SPECIAL_IDS
 from nmt.distributed import DistEnv
 from nmt.errors import NmtError
-from nmt.memory import keep_freed_memory
 from nmt.model.transformer import Transformer
 from nmt.training.checkpointing import BestTracker, CheckpointManager, rng_state, set_rng_state
 from nmt.training.config import BEST_METRICS, PRECISIONS, TrainConfig
@@ -157,8 +156,6 @@ class Trainer:
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
         self.device = resolve_device(cfg, self.env)
-        if self.device.type == "cpu":
-            keep_freed_memory()  # big per-step tensors are otherwise page-faulted every step
         self.save_dir = Path(cfg.save_dir)
         self.logger = TrainLogger(self.save_dir, enabled=False, progress_bar=False,
                                   tensorboard=False, start_update=0)
