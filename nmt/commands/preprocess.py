@@ -13,7 +13,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ from nmt.data.tokenizer import Tokenizer, train_tokenizer
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.fsutil import fsync_dir
+from nmt.processes import ignore_sigint, sigint_deferred
 
 PROG = "nmt-preprocess"
 
@@ -241,17 +241,20 @@ def _train(cfg: PreprocessConfig, scans: list[FileScan], what: str) -> Tokenizer
     ctx = multiprocessing.get_context()
     receiver, sender = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_train_child, args=(sender, cfg, scans, what), daemon=True)
-    child.start()
-    sender.close()  # so that recv() sees EOF if the child dies
     try:
+        with sigint_deferred():
+            child.start()
+        sender.close()  # so that recv() sees EOF if the child dies
         status, payload = receiver.recv()
     except EOFError:
         raise NmtError(f"SentencePiece training on {what} died (out of memory?); set "
                        "spm.input_sentence_size to train on a sample") from None
     finally:
-        if child.is_alive():
-            child.terminate()
-        child.join()
+        sender.close()
+        if child.pid is not None:  # started
+            if child.is_alive():
+                child.terminate()
+            child.join()
     if status == "error":
         raise NmtError(payload)
     return Tokenizer(payload, name=f"SentencePiece model of {what}")
@@ -259,7 +262,7 @@ def _train(cfg: PreprocessConfig, scans: list[FileScan], what: str) -> Tokenizer
 
 def _train_child(sender: Connection, cfg: PreprocessConfig, scans: list[FileScan],
                  what: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    ignore_sigint()
     s = cfg.spm
     try:
         tok = train_tokenizer(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
-import signal
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -28,6 +27,7 @@ from nmt.data.corpus import CLEAN_RULES, INVALID_UTF8, CleanRules, FileScan, rea
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
+from nmt.processes import ignore_sigint, sigint_deferred
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -202,7 +202,7 @@ def _append_eos(ids: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 def _init_worker(settings: EncodeSettings) -> None:
     global _worker
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    ignore_sigint()
     _worker = _ChunkEncoder(settings)
 
 
@@ -250,6 +250,11 @@ class Encoder:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    def _submit(self, task: ChunkTask) -> Future[ChunkResult]:
+        assert self._pool is not None
+        with sigint_deferred():  # a submit may fork the workers
+            return self._pool.submit(_run_chunk, task)
+
     def _results(self, tasks: list[ChunkTask]) -> Iterator[ChunkResult]:
         """Results in the order of `tasks`, whatever order the workers finish in."""
         if self._pool is None:
@@ -259,7 +264,7 @@ class Encoder:
         pending: deque[Future[ChunkResult]] = deque()
         queue = iter(tasks)
         for task in itertools.islice(queue, 2 * self.workers):
-            pending.append(self._pool.submit(_run_chunk, task))
+            pending.append(self._submit(task))
         while pending:
             try:
                 result = pending.popleft().result()
@@ -267,7 +272,7 @@ class Encoder:
                 raise NmtError("an encoding worker process died (out of memory?); run again "
                                "with fewer workers or a smaller chunk_lines") from exc
             for task in itertools.islice(queue, 1):
-                pending.append(self._pool.submit(_run_chunk, task))
+                pending.append(self._submit(task))
             yield result
 
     def encode_split(self, src: FileScan, tgt: FileScan, chunk_lines: int, out_prefix_src: Path,
