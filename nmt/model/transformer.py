@@ -117,8 +117,10 @@ class TransformerDecoder(nn.Module):
             nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim ** -0.5)
 
     def forward(self, prev_tokens: Tensor, enc: EncoderOut, cache: DecoderCache | None = None,
-                attn_layer: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """See `Transformer.decode`."""
+                attn_layer: int | None = None, features_only: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """See `Transformer.decode`; features_only: return the hidden states [B,T,D]
+        instead of the logits."""
         start = 0 if cache is None else cache.length
         length = prev_tokens.size(1)
         x = self.embed_scale * self.embed_tokens(prev_tokens)  # [B,T,D]
@@ -152,6 +154,8 @@ class TransformerDecoder(nn.Module):
             cache.advance(length)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
+        if features_only:
+            return x, attn  # [B,T,D], [B,T,S] | None
         return self.output_projection(x), attn  # [B,T,V], [B,T,S] | None
 
     @staticmethod
@@ -211,10 +215,17 @@ class Transformer(nn.Module):
         """
         return self.decoder(prev_tokens, enc, cache, attn_layer)
 
-    def forward(self, src_tokens: Tensor, prev_tokens: Tensor) -> Tensor:
-        """Training: src_tokens [B,S], prev_tokens [B,T] -> logits [B,T,V]."""
-        logits, _ = self.decoder(prev_tokens, self.encoder(src_tokens))
-        return logits
+    def forward(self, src_tokens: Tensor, prev_tokens: Tensor, features_only: bool = False) -> Tensor:
+        """Training: src_tokens [B,S], prev_tokens [B,T] -> logits [B,T,V], or with
+        features_only the decoder's last hidden states [B,T,D], which training feeds to
+        nmt.training.loss.output_layer_loss together with `output_weight`."""
+        out, _ = self.decoder(prev_tokens, self.encoder(src_tokens), features_only=features_only)
+        return out
+
+    @property
+    def output_weight(self) -> Tensor:
+        """[V,D] the output projection (tied to the target embeddings when shared)."""
+        return self.decoder.output_projection.weight
 
     def new_cache(self) -> DecoderCache:
         """An empty cache for incremental decoding of one batch."""

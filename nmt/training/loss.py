@@ -9,6 +9,11 @@ give the same update.
 
 Reported figures are per target token in base 2, as fairseq prints them:
 loss/ln(2)/ntokens, nll likewise, and ppl = 2**nll.
+
+Training computes the output layer and this loss together (`output_layer_loss`), a block
+of target positions at a time, so that the [tokens, V] logits, their log-softmax and
+their gradients never exist for the whole batch: on a CPU those 100+ MB blocks went back
+to the kernel on every free and were page-faulted in again on every step.
 """
 
 from __future__ import annotations
@@ -59,3 +64,84 @@ def per_token_base2(total_nats: float, ntokens: int) -> float:
 def perplexity(nll_base2: float) -> float:
     """2**nll, capped so that a diverged run logs a large number instead of inf."""
     return 2.0 ** min(nll_base2, 100.0)
+
+
+# Target positions per block in output_layer_loss: a [rows, V] fp32 block stays near
+# 16 MB for an 8k vocabulary, small enough for malloc to reuse instead of mmap afresh.
+BLOCK_ELEMENTS = 4 * 1024 * 1024
+
+
+def output_layer_loss(features: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                      epsilon: float, ignore_index: int,
+                      block_elements: int = BLOCK_ELEMENTS) -> LossOutput:
+    """The output projection and label_smoothed_nll_loss in one pass over blocks of rows.
+
+    features [B,T,D]: the decoder's last hidden states (before the output projection);
+    weight [V,D]: the output projection; target [B,T]. Returns the same sums as
+    label_smoothed_nll_loss(features @ weight.T, ...), with gradients for features and
+    weight, computed under autocast in its dtype as the plain output layer would be.
+    Padding positions are dropped before the projection, so they cost nothing.
+    """
+    dim = features.size(-1)
+    keep = target.reshape(-1) != ignore_index  # [B*T]
+    hidden = features.reshape(-1, dim)[keep]  # [N,D] the real target positions
+    gold = target.reshape(-1)[keep]  # [N]
+    device = features.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    rows = max(1, block_elements // weight.size(0))
+    loss, nll = _OutputLayerCrossEntropy.apply(hidden, weight, gold, epsilon, dtype, rows, want_grad)
+    return LossOutput(loss=loss, nll=nll)
+
+
+class _OutputLayerCrossEntropy(torch.autograd.Function):
+    """Loss and nll sums of hidden [N,D] @ weight[V,D].T against gold [N].
+
+    The gradients are computed in the forward pass, block by block, while each block's
+    logits are at hand; backward only scales them. With p = softmax(z) and
+    eps_i = eps / (V - 1), the loss's gradient for logits z of a row with gold token g is
+    p - eps_i - (1 - eps - eps_i) * onehot(g) (the p terms of nll and smoothing add up
+    to exactly p).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, gold, epsilon, dtype, rows, want_grad):
+        vocab = weight.size(0)
+        eps_i = epsilon / (vocab - 1)
+        gold_weight = 1.0 - epsilon - eps_i
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(dtype)  # [V,D]
+            h = hidden.to(dtype)  # [N,D]
+            nll = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            smooth = torch.zeros_like(nll)
+            grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if want_grad else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device) if want_grad else None
+            for start in range(0, h.size(0), rows):
+                h_blk = h[start:start + rows]  # [n,D]
+                g_blk = gold[start:start + rows, None]  # [n,1]
+                z = (h_blk @ w.t()).float()  # [n,V] logits, fp32 for the softmax
+                lse = torch.logsumexp(z, dim=-1, keepdim=True)  # [n,1]
+                nll += (lse - z.gather(1, g_blk)).sum()
+                if epsilon:
+                    smooth += (vocab * lse.squeeze(1) - z.sum(dim=-1)).sum()
+                if want_grad:
+                    grad_z = z.sub_(lse).exp_()  # p, in place of z
+                    if eps_i:
+                        grad_z.sub_(eps_i)
+                    grad_z.scatter_add_(1, g_blk, torch.full(g_blk.shape, -gold_weight, device=z.device))
+                    grad_z = grad_z.to(dtype)
+                    grad_h[start:start + rows] = grad_z @ w  # [n,D]
+                    grad_w += (grad_z.t() @ h_blk).float()  # [V,D]
+        loss = gold_weight * nll + eps_i * smooth if epsilon else nll.clone()
+        ctx.mark_non_differentiable(nll)
+        if want_grad:
+            ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        grad_h, grad_w = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        return ((grad_h * grad_loss).to(h_dtype), (grad_w * grad_loss).to(w_dtype),
+                None, None, None, None, None)

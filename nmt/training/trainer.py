@@ -40,7 +40,7 @@ from nmt.model.transformer import Transformer
 from nmt.training.checkpointing import BestTracker, CheckpointManager, rng_state, set_rng_state
 from nmt.training.config import BEST_METRICS, PRECISIONS, TrainConfig
 from nmt.training.logging import TrainLogger
-from nmt.training.loss import label_smoothed_nll_loss, per_token_base2, perplexity
+from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
 from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
 from nmt.training.validation import valid_bleu, valid_loss
 
@@ -462,8 +462,9 @@ class Trainer:
             sync = nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
                 with self._autocast():
-                    logits = model(batch.src_tokens, batch.prev_tokens)  # [B,T,V]
-                out = label_smoothed_nll_loss(logits, batch.target, cfg.label_smoothing, PAD)
+                    features = model(batch.src_tokens, batch.prev_tokens, features_only=True)  # [B,T,D]
+                    out = output_layer_loss(features, self.model.output_weight, batch.target,
+                                            cfg.label_smoothing, PAD)
                 self.scaler.scale(out.loss * (0.0 if dummy else scale)).backward()
             if not dummy:
                 sums[0] += out.loss.detach()

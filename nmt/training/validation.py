@@ -21,7 +21,7 @@ from nmt.data.vocab import EOS, PAD
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator
 from nmt.scoring import corpus_bleu
-from nmt.training.loss import label_smoothed_nll_loss, per_token_base2, perplexity
+from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
 
 
 def decode_for_validation(model: torch.nn.Module, batch: Batch, *, beam: int, len_a: float,
@@ -43,8 +43,8 @@ def valid_loss(model: torch.nn.Module, dataset: PairDataset, batches: list[np.nd
     for idx in batches:
         batch = collate(idx, dataset.pairs(idx)).to(device)
         with autocast():
-            logits = model(batch.src_tokens, batch.prev_tokens)
-        out = label_smoothed_nll_loss(logits, batch.target, label_smoothing, PAD)
+            features = model(batch.src_tokens, batch.prev_tokens, features_only=True)  # [B,T,D]
+            out = output_layer_loss(features, model.output_weight, batch.target, label_smoothing, PAD)
         sums += torch.stack([out.loss.double(), out.nll.double(),
                              torch.tensor(float(batch.ntokens), dtype=torch.float64, device=device)])
     loss, nll, ntokens = distributed.all_reduce_sum(sums).tolist()

@@ -5,7 +5,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from nmt.training.loss import label_smoothed_nll_loss, per_token_base2, perplexity
+import pytest
+
+from nmt.training.loss import label_smoothed_nll_loss, output_layer_loss, per_token_base2, perplexity
 
 PAD = 1
 
@@ -90,3 +92,58 @@ def test_reported_figures_are_base2_per_token():
     assert math.isclose(per_token_base2(nats, 10), 3.0)
     assert math.isclose(perplexity(3.0), 8.0)
     assert math.isfinite(perplexity(1e9))
+
+
+def _features(seed: int = 6, vocab: int = 11, dim: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    features = torch.randn(3, 5, dim, generator=g, requires_grad=True)
+    weight = torch.randn(vocab, dim, generator=g, requires_grad=True)
+    _, target = _batch(seed)
+    return features, weight, target
+
+
+def _loss_and_grads(fn, features, weight):
+    features.grad = weight.grad = None
+    out = fn()
+    (3.0 * out.loss).backward()  # a scaled loss, as under GradScaler or 1/ntokens
+    return out.loss.item(), out.nll.item(), features.grad.clone(), weight.grad.clone()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("block_elements", [11, 33, 1 << 20])  # 1 row, 3 rows, all rows
+def test_fused_output_layer_loss_equals_logits_then_loss(eps, block_elements):
+    features, weight, target = _features()
+    plain = _loss_and_grads(lambda: label_smoothed_nll_loss(features @ weight.t(), target, eps, PAD),
+                            features, weight)
+    fused = _loss_and_grads(lambda: output_layer_loss(features, weight, target, eps, PAD,
+                                                      block_elements=block_elements),
+                            features, weight)
+    assert math.isclose(fused[0], plain[0], rel_tol=1e-6) and math.isclose(fused[1], plain[1], rel_tol=1e-6)
+    torch.testing.assert_close(fused[2], plain[2], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[3], plain[3], rtol=1e-5, atol=1e-6)
+    assert torch.all(fused[2][target == PAD] == 0)  # padding positions get no gradient
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fused_output_layer_loss_under_bf16_autocast_is_as_accurate_as_plain_autocast(seed):
+    features, weight, target = _features(seed, vocab=300, dim=32)
+    exact = _loss_and_grads(lambda: label_smoothed_nll_loss(features @ weight.t(), target, 0.1, PAD),
+                            features, weight)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = _loss_and_grads(lambda: label_smoothed_nll_loss(
+            torch.nn.functional.linear(features, weight), target, 0.1, PAD), features, weight)
+        fused = _loss_and_grads(lambda: output_layer_loss(features, weight, target, 0.1, PAD),
+                                features, weight)
+    assert math.isclose(fused[0], plain[0], rel_tol=1e-5)  # the same bf16 logits
+    assert features.grad.dtype == weight.grad.dtype == torch.float32
+    for i in (2, 3):  # gradients of features and weight: bf16 rounding, no worse than plain's
+        assert (fused[i] - exact[i]).abs().max() <= 1.25 * (plain[i] - exact[i]).abs().max()
+
+
+def test_fused_output_layer_loss_without_gradients():
+    features, weight, target = _features()
+    with torch.no_grad():
+        out = output_layer_loss(features, weight, target, 0.1, PAD)
+    expected = label_smoothed_nll_loss(features.detach() @ weight.detach().t(), target, 0.1, PAD)
+    assert math.isclose(out.loss.item(), expected.loss.item(), rel_tol=1e-6)
+    assert not out.loss.requires_grad

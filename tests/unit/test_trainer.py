@@ -113,17 +113,17 @@ def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
 
 
 def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkeypatch):
-    real_loss = trainer_module.label_smoothed_nll_loss
+    real_loss = trainer_module.output_layer_loss
     calls = {"n": 0}
 
-    def poisoned(logits, target, eps, pad):
+    def poisoned(features, weight, target, eps, pad):
         calls["n"] += 1
-        out = real_loss(logits, target, eps, pad)
+        out = real_loss(features, weight, target, eps, pad)
         if calls["n"] == 3:  # update 3 (update_freq 1)
             out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll_loss", poisoned)
+    monkeypatch.setattr(trainer_module, "output_layer_loss", poisoned)
     cfg = tiny_config(demo_data_dir, tmp_path / "run", save_interval_updates=2, max_update=10)
     with pytest.raises(NmtError, match=r"update 3: the loss or gradient is not finite"):
         run_training(cfg)

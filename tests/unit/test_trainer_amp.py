@@ -29,17 +29,17 @@ def _trainer_with_cpu_scaler(demo_data_dir, tmp_path, monkeypatch, overflow_at, 
     in the micro-batches numbered `overflow_at` (1-based), as an fp16 overflow would."""
     trainer = Trainer(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    real_loss = trainer_module.label_smoothed_nll_loss
+    real_loss = trainer_module.output_layer_loss
     calls = {"n": 0}
 
-    def overflowing(logits, target, eps, pad):
+    def overflowing(features, weight, target, eps, pad):
         calls["n"] += 1
-        out = real_loss(logits, target, eps, pad)
+        out = real_loss(features, weight, target, eps, pad)
         if calls["n"] in overflow_at:
             out.loss = out.loss * float("inf")
         return out
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_nll_loss", overflowing)
+    monkeypatch.setattr(trainer_module, "output_layer_loss", overflowing)
     return trainer
 
 
