@@ -120,12 +120,20 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
                 h_blk = h[start:start + rows]  # [n,D]
                 g_blk = gold[start:start + rows, None]  # [n,1]
                 z = (h_blk @ w.t()).float()  # [n,V] logits, fp32 for the softmax
-                lse = torch.logsumexp(z, dim=-1, keepdim=True)  # [n,1]
-                nll += (lse - z.gather(1, g_blk)).sum()
+                # logsumexp by hand, so that its exponentials are computed once and then
+                # become the softmax in place (one pass over [n,V] less).
+                top = z.amax(dim=-1, keepdim=True)  # [n,1]
+                gold_z = z.gather(1, g_blk)  # [n,1]
                 if epsilon:
-                    smooth += (vocab * lse.squeeze(1) - z.sum(dim=-1)).sum()
+                    smooth += (vocab * top - z.sum(dim=-1, keepdim=True)).sum()
+                e = z.sub_(top).exp_()  # [n,V] exp(z - top), in place of z
+                total = e.sum(dim=-1, keepdim=True)  # [n,1]
+                lse = total.log() + top  # [n,1]
+                nll += (lse - gold_z).sum()
+                if epsilon:
+                    smooth += vocab * (lse - top).sum()
                 if want_grad:
-                    grad_z = z.sub_(lse).exp_()  # p, in place of z
+                    grad_z = e.mul_(total.reciprocal())  # p, in place of z
                     if eps_i:
                         grad_z.sub_(eps_i)
                     grad_z.scatter_add_(1, g_blk, torch.full(g_blk.shape, -gold_weight, device=z.device))

@@ -313,6 +313,54 @@ def test_cpu_bf16_training_attention_runs_in_fp32():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
 
 
+def test_joint_projections_equal_the_separate_ones_and_follow_weight_changes():
+    """project_qkv/project_kv run q_proj, k_proj, v_proj as one matmul; in inference the
+    stacked weight is kept, and must be rebuilt whenever a parameter changes."""
+    from nmt.model.layers import MultiheadAttention
+
+    torch.manual_seed(0)
+    attn = MultiheadAttention(32, 4, dropout=0.0)
+    x = torch.randn(2, 5, 32)
+
+    def separate():
+        return [attn._heads(p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+
+    with torch.no_grad():
+        for got, want in zip(attn.project_qkv(x), separate()):
+            assert torch.allclose(got, want, atol=1e-6)
+        attn.k_proj.weight.add_(1.0)  # an optimizer step: in place, under no_grad
+        attn.v_proj.bias.mul_(2.0)
+        for got, want in zip(attn.project_qkv(x), separate()):
+            assert torch.allclose(got, want, atol=1e-6)
+        for got, want in zip(attn.project_kv(x), separate()[1:]):
+            assert torch.allclose(got, want, atol=1e-6)
+    # A fused Adam step changes the weights without bumping their version; the trainer
+    # calls train() before it and eval() before validating.
+    optimizer = torch.optim.Adam(attn.parameters(), lr=0.1, fused=True)
+    attn.train()
+    sum(p.sum() for p in attn.project_qkv(x)).backward()
+    optimizer.step()
+    attn.eval()
+    with torch.no_grad():
+        for got, want in zip(attn.project_qkv(x), separate()):
+            assert torch.allclose(got, want, atol=1e-6)
+    other = MultiheadAttention(32, 4, dropout=0.0)
+    attn.load_state_dict(other.state_dict())  # a checkpoint load
+    with torch.inference_mode():
+        for got, want in zip(attn.project_qkv(x), separate()):
+            assert torch.allclose(got, want, atol=1e-6)
+    attn.double()  # a dtype move
+    x = x.double()
+    attn.zero_grad()
+    with torch.no_grad():
+        assert attn.project_qkv(x)[0].dtype == torch.float64
+    # With gradients, each projection gets its own gradient through the stacked weight.
+    q, k, v = attn.project_qkv(x)
+    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
+    for proj, factor in ((attn.q_proj, 1), (attn.k_proj, 2), (attn.v_proj, 3)):
+        assert torch.allclose(proj.bias.grad, torch.full((32,), factor * 10.0, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_dropout_drops_p_and_keeps_the_expectation(p, dtype):
@@ -333,12 +381,14 @@ def test_cpu_dropout_drops_p_and_keeps_the_expectation(p, dtype):
 def test_cpu_dropout_masks_are_independent_and_follow_the_seed():
     from nmt.model.layers import dropout
 
-    x = torch.ones(4, 999)  # odd size: the last 32-bit draw is half used
+    x = torch.ones(4, 999)  # not a multiple of 4: the last 64-bit draw is partly used
     torch.manual_seed(3)
     a, b = dropout(x, 0.5, True), dropout(x, 0.5, True)
     torch.manual_seed(3)
     assert torch.equal(dropout(x, 0.5, True), a)  # reproducible from the seed (resume relies on it)
     assert not torch.equal(a, b)
-    # neighbouring elements share a 32-bit draw but not their decision
-    same = (a[:, 0::2][:, :499] != 0) == (a[:, 1::2] != 0)
-    assert 0.4 < same.float().mean().item() < 0.6
+    # four neighbouring elements share a 64-bit draw but not their decisions
+    kept = (a != 0).view(-1)[:3996].view(-1, 4)  # [draws, 4]
+    for lane in (1, 2, 3):
+        same = kept[:, 0] == kept[:, lane]
+        assert 0.44 < same.float().mean().item() < 0.56
