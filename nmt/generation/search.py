@@ -47,6 +47,33 @@ def block_repeated_ngrams(history: Tensor, lprobs: Tensor, n: int) -> Tensor:
     return lprobs.masked_fill_(mask[:, :vocab], NEG_INF)
 
 
+def row_topk(x: Tensor, k: int, block: int = 100) -> tuple[Tensor, Tensor]:
+    """x.topk(k, dim=1) for x [R,V] (values and indices [R,k], best first), faster on a CPU.
+
+    torch's CPU top-k scans every element of a row serially, ~4x slower than a vectorized
+    max. So each row is cut into blocks of `block` values: only the k blocks with the
+    highest maxima can hold the row's k best values (a block holding one of them has a
+    maximum at least the k-th best value, and at most k blocks do), so top-k runs on the
+    block maxima and then on those k blocks (plus the last V % block values). Ties may be
+    broken differently from torch.topk. Elsewhere (CUDA, small V) it is torch.topk.
+    """
+    rows, vocab = x.shape
+    blocks = vocab // block
+    if x.device.type != "cpu" or blocks < 4 * k:
+        return x.topk(k, dim=1)
+    full = blocks * block
+    chunks = x[:, :full].view(rows, blocks, block)  # [R,blocks,block]
+    best = chunks.amax(dim=2).topk(k, dim=1).indices  # [R,k] the blocks to search
+    picked = chunks[torch.arange(rows, device=x.device).unsqueeze(1), best]  # [R,k,block]
+    ids = best.unsqueeze(2) * block + torch.arange(block, device=x.device)  # [R,k,block]
+    values, ids = picked.view(rows, -1), ids.view(rows, -1)  # [R,k*block]
+    if full < vocab:  # the tail that fills no block is always searched
+        values = torch.cat([values, x[:, full:]], dim=1)
+        ids = torch.cat([ids, torch.arange(full, vocab, device=x.device).expand(rows, -1)], dim=1)
+    top, where = values.topk(k, dim=1)
+    return top, ids.gather(1, where)
+
+
 def beam_candidates(lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The 2K best one-token extensions of each sentence's K hypotheses.
 
@@ -61,7 +88,8 @@ def beam_candidates(lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Ten
     # A sentence's best 2K extensions lie among each hypothesis' own best 2K tokens, so
     # rank those K*2K instead of all K*V (the same candidates; ~1.4x less CPU time).
     per_row = min(2 * k, v)
-    row_lprobs, row_tokens = lprobs.topk(per_row, dim=2)  # [N,K,c]
+    row_lprobs, row_tokens = row_topk(lprobs.reshape(n * k, v), per_row)  # [N*K,c]
+    row_lprobs, row_tokens = row_lprobs.view(n, k, per_row), row_tokens.view(n, k, per_row)
     total = (scores.unsqueeze(2) + row_lprobs).view(n, k * per_row)  # [N, K*c]
     cand_scores, flat = total.topk(min(2 * k, k * per_row), dim=1)  # [N,C]
     tokens = row_tokens.view(n, k * per_row).gather(1, flat)

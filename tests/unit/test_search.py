@@ -100,3 +100,23 @@ def test_sampling_respects_topk_and_topp():
     _, tokens, _ = sample_candidates(lprobs, torch.zeros(1, 4000), generator=rng)
     assert set(tokens.unique().tolist()) == {0, 1, 2, 3}
     assert math.isclose(tokens.eq(3).float().mean().item(), 0.05, abs_tol=0.02)
+
+
+@pytest.mark.parametrize("vocab", [8000, 8003, 1001, 37])
+@pytest.mark.parametrize("k", [1, 2, 10])
+def test_row_topk_equals_torch_topk(vocab, k):
+    from nmt.generation.search import row_topk
+
+    torch.manual_seed(vocab + k)
+    x = torch.randn(7, vocab) * 5
+    x[0] = float("-inf")  # a forbidden row: any k indices, all -inf
+    x[1, :] = float("-inf")
+    x[1, vocab - 1] = 3.0  # a forced row: its one finite value first
+    x[2, torch.randperm(vocab)[:k]] += 100.0  # the best values clustered in few blocks
+    x[3, :k] = 50.0 + torch.arange(k)  # all in the first block
+    want_values, want_ids = x.topk(k, dim=1)
+    values, ids = row_topk(x, k)
+    assert torch.equal(values, want_values)
+    # -inf values tie: rows 0 and 1 may name other indices for them
+    assert torch.equal(ids[2:], want_ids[2:]) and ids[1, 0] == vocab - 1
+    assert torch.equal(x.gather(1, ids), values)
