@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Paired training throughput of two code versions, interleaved in one process.
+
+On a shared machine the speed drifts by 10-20% within minutes, more than most changes
+gain, so separate runs cannot tell a 5% gain from noise. This script imports a second
+copy of nmt from a git revision (as the package `nmt_before`), builds one Trainer per
+version and precision in the same process, and runs them in turns on the same fresh
+batches, `--chunk` updates each, so that drift hits every trainer alike.
+
+    python scripts/bench_train_paired.py --data <Multi30k data dir> --before HEAD~1
+
+It prints target tokens/s per trainer, after/before per precision, and bf16/fp32 per
+version. The shape is bench_train.py's (the fairseq peer's transformer_small).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def export_revision(rev: str, dest: Path) -> None:
+    """Write nmt/ and configs/ of `rev` under dest, with nmt renamed to nmt_before."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "nmt", "configs"],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    (dest / "nmt").rename(dest / "nmt_before")
+    for path in (dest / "nmt_before").rglob("*.py"):
+        text = re.sub(r"\b(from|import) nmt\b", r"\1 nmt_before", path.read_text())
+        path.write_text(re.sub(r'"nmt\.', '"nmt_before.', text))
+
+
+def make_trainer(package: str, precision: str, args: argparse.Namespace):
+    cli = importlib.import_module(f"{package}.cli")
+    trainer = importlib.import_module(f"{package}.training.trainer")
+    overrides = [f"data={args.data}", f"save_dir={tempfile.mkdtemp()}", f"model={args.model}",
+                 "optim=adam_inverse_sqrt", "optim.lr=1e-3", "optim.warmup_updates=1000",
+                 "optim.weight_decay=0.0001", "label_smoothing=0.1", f"max_tokens={args.max_tokens}",
+                 f"precision={precision}", f"threads={args.threads}", "device=cpu", "seed=1",
+                 "valid_split=''", "no_save=true", "tensorboard=false", "progress_bar=false",
+                 "model.share_all_embeddings=true", "model.attention_dropout=0.0",
+                 "model.activation_dropout=0.0", "model.dropout=0.3"]
+    return trainer.Trainer(cli.to_dataclass(cli.compose_config("train", overrides)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="data dir from nmt-preprocess")
+    parser.add_argument("--before", default="HEAD", help="git revision to compare the working tree with")
+    parser.add_argument("--model", default="transformer_small")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=10, help="updates per trainer before measuring")
+    parser.add_argument("--chunk", type=int, default=5, help="updates per turn")
+    parser.add_argument("--rounds", type=int, default=8, help="turns per trainer")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    tmp = Path(tempfile.mkdtemp())
+    export_revision(args.before, tmp)
+    sys.path[:0] = [str(tmp), str(REPO)]
+    from nmt.data.batching import epoch_batches
+
+    keys = [(version, p) for version in ("nmt_before", "nmt") for p in args.precisions]
+    trainers = {key: make_trainer(*key, args) for key in keys}
+    first = trainers[keys[0]]
+    data = first.train_data
+    batches = epoch_batches(first.train_indices, data.src_sizes, data.tgt_sizes,
+                            max_tokens=args.max_tokens, max_sentences=0, seed=1, epoch=1)
+    needed = args.warmup + args.chunk * args.rounds
+    if len(batches) < needed:
+        raise SystemExit(f"the first epoch has {len(batches)} batches; this run needs {needed}")
+    for trainer in trainers.values():
+        for batch in batches[:args.warmup]:
+            trainer._train_step([batch])
+    seconds = dict.fromkeys(keys, 0.0)
+    tokens = 0
+    for turn in range(args.rounds):
+        start = args.warmup + turn * args.chunk
+        chunk = batches[start:start + args.chunk]
+        tokens += sum(int(data.tgt_sizes[b].sum()) for b in chunk)
+        for key in keys if turn % 2 == 0 else reversed(keys):  # alternate who goes first
+            begin = time.perf_counter()
+            for batch in chunk:
+                trainers[key]._train_step([batch])
+            seconds[key] += time.perf_counter() - begin
+    rate = {key: tokens / s for key, s in seconds.items()}
+    label = {"nmt_before": f"before ({args.before})", "nmt": "after (working tree)"}
+    for (version, p), r in rate.items():
+        print(f"{label[version]:>24} {p}: {r:7.0f} target tok/s")
+    for p in args.precisions:
+        print(f"{p}: after/before {rate[('nmt', p)] / rate[('nmt_before', p)]:.3f}")
+    for version in ("nmt_before", "nmt"):
+        for p in args.precisions[1:]:
+            print(f"{label[version]}: {p}/{args.precisions[0]} "
+                  f"{rate[(version, p)] / rate[(version, args.precisions[0])]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
