@@ -71,9 +71,12 @@ def _device(args: argparse.Namespace) -> str:
     return getattr(args, "device", "cpu")
 
 
-def train_cfg(args: argparse.Namespace, precision: str, save_dir: Path):
-    from nmt.cli import compose_config, to_dataclass
+def train_cfg(args: argparse.Namespace, precision: str, save_dir: Path, package: str = "nmt"):
+    """The benchmark's TrainConfig, composed by `package`'s cli (bench_train_paired.py
+    passes an older copy of nmt)."""
+    import importlib
 
+    cli = importlib.import_module(f"{package}.cli")
     overrides = [f"data={args.data}", f"save_dir={save_dir}", f"model={args.model}",
                  "optim=adam_inverse_sqrt", "optim.lr=1e-3", "optim.warmup_updates=1000",
                  "optim.weight_decay=0.0001", "label_smoothing=0.1", f"max_tokens={args.max_tokens}",
@@ -83,7 +86,7 @@ def train_cfg(args: argparse.Namespace, precision: str, save_dir: Path):
     if args.fairseq_shape:
         overrides += ["model.share_all_embeddings=true", "model.attention_dropout=0.0",
                       "model.activation_dropout=0.0", "model.dropout=0.3"]
-    return to_dataclass(compose_config("train", overrides))
+    return cli.to_dataclass(cli.compose_config("train", overrides))
 
 
 def run(args: argparse.Namespace, precision: str) -> dict:

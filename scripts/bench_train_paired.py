@@ -44,16 +44,10 @@ def export_revision(rev: str, dest: Path) -> None:
 
 
 def make_trainer(package: str, precision: str, args: argparse.Namespace):
-    cli = importlib.import_module(f"{package}.cli")
+    from bench_train import train_cfg
+
     trainer = importlib.import_module(f"{package}.training.trainer")
-    overrides = [f"data={args.data}", f"save_dir={tempfile.mkdtemp()}", f"model={args.model}",
-                 "optim=adam_inverse_sqrt", "optim.lr=1e-3", "optim.warmup_updates=1000",
-                 "optim.weight_decay=0.0001", "label_smoothing=0.1", f"max_tokens={args.max_tokens}",
-                 f"precision={precision}", f"threads={args.threads}", "device=cpu", "seed=1",
-                 "valid_split=''", "no_save=true", "tensorboard=false", "progress_bar=false",
-                 "model.share_all_embeddings=true", "model.attention_dropout=0.0",
-                 "model.activation_dropout=0.0", "model.dropout=0.3"]
-    return trainer.Trainer(cli.to_dataclass(cli.compose_config("train", overrides)))
+    return trainer.Trainer(train_cfg(args, precision, Path(tempfile.mkdtemp()), package))
 
 
 def main() -> None:
@@ -68,11 +62,13 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=5, help="updates per turn")
     parser.add_argument("--rounds", type=int, default=8, help="turns per trainer")
     args = parser.parse_args()
+    # bench_train.train_cfg's fields: its default shape, run with no update limit here
+    args.updates, args.log_interval, args.fairseq_shape, args.device = 0, 50, True, "cpu"
     torch.set_num_threads(args.threads)
 
     tmp = Path(tempfile.mkdtemp())
     export_revision(args.before, tmp)
-    sys.path[:0] = [str(tmp), str(REPO)]
+    sys.path[:0] = [str(tmp), str(REPO), str(REPO / "scripts")]
     from nmt.data.batching import epoch_batches
 
     keys = [(version, p) for version in ("nmt_before", "nmt") for p in args.precisions]
