@@ -1,11 +1,10 @@
 #!/usr/bin/env python
 """Paired training throughput of two code versions, interleaved in one process.
 
-On a shared machine the speed drifts by 10-20% within minutes, more than most changes
-gain, so separate runs cannot tell a 5% gain from noise. This script imports a second
-copy of nmt from a git revision (as the package `nmt_before`), builds one Trainer per
-version and precision in the same process, and runs them in turns on the same fresh
-batches, `--chunk` updates each, so that drift hits every trainer alike.
+Separate runs on a shared machine cannot tell a 5% gain from drift (paired_revision.py).
+This script imports a second copy of nmt from a git revision (as the package
+`nmt_before`), builds one Trainer per version and precision in the same process, and runs
+them in turns on the same fresh batches, `--chunk` updates each.
 
     python scripts/bench_train_paired.py --data <Multi30k data dir> --before HEAD~1
 
@@ -17,30 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import re
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def export_revision(rev: str, dest: Path) -> None:
-    """Write nmt/ and configs/ of `rev` under dest, with nmt renamed to nmt_before."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "nmt", "configs"],
-                             check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
-    (dest / "nmt").rename(dest / "nmt_before")
-    for path in (dest / "nmt_before").rglob("*.py"):
-        text = re.sub(r"\b(from|import) nmt\b", r"\1 nmt_before", path.read_text())
-        path.write_text(re.sub(r'"nmt\.', '"nmt_before.', text))
+from paired_revision import import_both
 
 
 def make_trainer(package: str, precision: str, args: argparse.Namespace):
@@ -66,9 +48,7 @@ def main() -> None:
     args.updates, args.log_interval, args.fairseq_shape, args.device = 0, 50, True, "cpu"
     torch.set_num_threads(args.threads)
 
-    tmp = Path(tempfile.mkdtemp())
-    export_revision(args.before, tmp)
-    sys.path[:0] = [str(tmp), str(REPO), str(REPO / "scripts")]
+    import_both(args.before)
     from nmt.data.batching import epoch_batches
 
     keys = [(version, p) for version in ("nmt_before", "nmt") for p in args.precisions]

@@ -30,6 +30,7 @@ from nmt.generation.search import (
     sample_candidates,
     select_active,
 )
+from nmt.model.cache import CacheMemory
 
 
 @dataclass
@@ -45,10 +46,11 @@ class Hypothesis:
 class _Member:
     """One model of the ensemble with its encoder output and decoder cache."""
 
-    def __init__(self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor, use_cache: bool):
+    def __init__(self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor,
+                 cache_args: dict | None):
         self.model = model
         self.enc = model.encode(src_tokens)  # one row per sentence
-        self.cache = model.new_cache() if use_cache else None
+        self.cache = model.new_cache(**cache_args) if cache_args is not None else None
         if self.cache is None:  # the uncached decoder needs a source row per decoder row
             self.enc = self.enc.reorder(expand)  # rows: sentence b -> K rows
         # (the cache keeps one row of encoder keys/values per sentence, which its K beams
@@ -138,11 +140,22 @@ class SequenceGenerator:
         self.beam = search.beam
         # Longest output: the decoder input at the last step (max_len + 1 tokens) must fit.
         self.max_positions = min(m.cfg.max_target_positions for m in self.models) - 1
+        self._cache_memory = [CacheMemory() for _ in self.models]
         self.rng: torch.Generator | None = None
         if search.sampling:
             device = next(self.models[0].parameters()).device
             self.rng = torch.Generator(device=device)
             self.rng.manual_seed(search.seed)
+
+    def _cache_args(self, member: int, positions: int) -> dict | None:
+        """model.new_cache's arguments for a batch that decodes at most `positions`."""
+        if not self.search.use_cache:
+            return None
+        # Beams reorder only within their sentence, so the cache keeps a sentence's rows
+        # in place (DecoderCache's groups); sampled rows never move. The memory is reused
+        # from batch to batch (CacheMemory).
+        return dict(group=1 if self.search.sampling else self.beam, capacity=positions,
+                    memory=self._cache_memory[member])
 
     def max_lengths(self, src_lengths: Tensor) -> Tensor:
         """Per-sentence output limit (tokens before EOS): a*src_len + b, capped."""
@@ -155,10 +168,12 @@ class SequenceGenerator:
         lprobs, attn = [], []
         for m in members:
             logits, a = m.step(tokens, self.attn_layer)
-            logits = logits.float()
+            logits = logits.float().contiguous()  # [R,V]
             if self.search.temperature != 1.0:
                 logits = logits / self.search.temperature
-            lprobs.append(torch.log_softmax(logits, dim=-1))
+            # In place: the logits are this step's own, and writing a fresh [R,V] tensor
+            # every step costs twice the log-softmax (page faults on a CPU)
+            lprobs.append(torch.log_softmax(logits, dim=-1, out=logits))
             if a is not None:
                 attn.append(a)
         lp = lprobs[0] if len(lprobs) == 1 else torch.stack(lprobs).mean(0)
@@ -176,7 +191,8 @@ class SequenceGenerator:
         max_lens = self.max_lengths(src_tokens.ne(PAD).sum(1))  # [B]
         longest = int(max_lens.max())
         expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
-        members = [_Member(m, src_tokens, expand, s.use_cache) for m in self.models]
+        members = [_Member(m, src_tokens, expand, self._cache_args(i, longest + 1))
+                   for i, m in enumerate(self.models)]
         want_attn = self.attn_layer is not None
 
         finished = _Finished(bsz, k, longest, src_len, want_attn, device)

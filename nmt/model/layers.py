@@ -230,7 +230,6 @@ class MultiheadAttention(nn.Module):
         keys/values, and their queries are attended together as one [G*T] block.
         """
         batch, _, length, _ = q.shape
-        dim = self.num_heads * self.head_dim
         group = batch // key.size(0)
         if group > 1:  # [B,H,T,Dh] -> [B/G,H,G*T,Dh]: one row per key row
             q = q.view(-1, group, self.num_heads, length, self.head_dim).transpose(1, 2)
@@ -245,8 +244,12 @@ class MultiheadAttention(nn.Module):
             out = out.view(-1, self.num_heads, group, length, self.head_dim).transpose(1, 2)
             out = out.reshape(batch, self.num_heads, length, self.head_dim)
             weights = None if weights is None else weights.reshape(batch, length, -1)
-        out = out.transpose(1, 2).reshape(batch, length, dim)  # [B,H,T,Dh] -> [B,T,D]
-        return self.out_proj(out), weights
+        return self.output(out), weights
+
+    def output(self, heads: Tensor) -> Tensor:
+        """Attention output per head [B,H,T,Dh] -> the layer's output [B,T,D]."""
+        batch, _, length, _ = heads.shape
+        return self.out_proj(heads.transpose(1, 2).reshape(batch, length, -1))
 
     def _attend_with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                              is_causal: bool, p: float) -> tuple[Tensor, Tensor]:
@@ -317,19 +320,22 @@ class TransformerDecoderLayer(_Layer):
         self.encoder_attn = MultiheadAttention(embed_dim, heads, attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(embed_dim)
 
-    def forward(self, x: Tensor, self_mask: Tensor | None, causal: bool, enc_k: Tensor,
-                enc_v: Tensor, enc_mask: Tensor | None, cache: DecoderCache | None = None,
-                layer_idx: int = 0, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, enc_k: Tensor, enc_v: Tensor, enc_mask: Tensor | None,
+                cache: DecoderCache | None = None, layer_idx: int = 0,
+                need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         """x [B,T,D] -> ([B,T,D], encoder attention [B,T,S] averaged over heads | None).
 
-        `enc_k`/`enc_v` [B,H,S,Dh] are the projected encoder states. With a cache, this
-        step's self-attention keys/values are appended to the cached prefix's.
+        `enc_k`/`enc_v` [B,H,S,Dh] are the projected encoder states. Without a cache, x
+        is the whole target prefix and self-attention is causal; with one, x holds the new
+        positions, whose keys/values the cache keeps, and the cache attends over the
+        prefix (inference only: no attention dropout).
         """
         h = self.pre_norm(x, self.self_attn_layer_norm)
         q, k, v = self.self_attn.project_qkv(h)  # [B,H,T,Dh] each
         if cache is not None:
-            k, v = cache.append(layer_idx, k, v)  # [B,H,prefix+T,Dh]
-        h, _ = self.self_attn.attend(q, k, v, self_mask, is_causal=causal)
+            h = self.self_attn.output(cache.self_attention(layer_idx, q, k, v))
+        else:
+            h, _ = self.self_attn.attend(q, k, v, is_causal=x.size(1) > 1)
         x = self.residual(x, h, self.self_attn_layer_norm)
 
         h = self.pre_norm(x, self.encoder_attn_layer_norm)

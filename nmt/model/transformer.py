@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from nmt.data.vocab import PAD
 from nmt.errors import NmtError
-from nmt.model.cache import DecoderCache
+from nmt.model.cache import CacheMemory, DecoderCache
 from nmt.model.config import ModelConfig
 from nmt.model.layers import (
     LearnedPositionalEmbedding,
@@ -129,7 +129,6 @@ class TransformerDecoder(nn.Module):
             x = self.layernorm_embedding(x)
         x = dropout(x, self.dropout, self.training)
 
-        self_mask, causal = self._self_attn_mask(start, length, x.device)
         if cache is None:
             enc_mask = attend_mask(enc.padding_mask)
         else:
@@ -146,8 +145,7 @@ class TransformerDecoder(nn.Module):
                 enc_k, enc_v = layer.encoder_attn.project_kv(enc.out)  # [B,H,S,Dh] each
                 if cache is not None:
                     cache.set_encoder_kv(i, enc_k, enc_v)
-            x, layer_attn = layer(x, self_mask, causal, enc_k, enc_v, enc_mask, cache, i,
-                                  need_attn=i == want)
+            x, layer_attn = layer(x, enc_k, enc_v, enc_mask, cache, i, need_attn=i == want)
             if layer_attn is not None:
                 attn = layer_attn.float()
         if cache is not None:
@@ -157,21 +155,6 @@ class TransformerDecoder(nn.Module):
         if features_only:
             return x, attn  # [B,T,D], [B,T,S] | None
         return self.output_projection(x), attn  # [B,T,V], [B,T,S] | None
-
-    @staticmethod
-    def _self_attn_mask(start: int, length: int, device: torch.device) -> tuple[Tensor | None, bool]:
-        """(mask, is_causal) for new queries at positions start.. over keys 0..start+length.
-
-        SDPA's is_causal aligns the mask top-left, right only without a cached prefix; a
-        single new token may see every cached key, so it needs no mask at all.
-        """
-        if start == 0:
-            return None, length > 1
-        if length == 1:
-            return None, False
-        query_pos = torch.arange(start, start + length, device=device)[:, None]  # [T,1]
-        key_pos = torch.arange(start + length, device=device)[None, :]  # [1,K]
-        return key_pos <= query_pos, False  # [T,K]
 
     def _attn_layer_index(self, attn_layer: int | None) -> int | None:
         if attn_layer is None:
@@ -227,6 +210,7 @@ class Transformer(nn.Module):
         """[V,D] the output projection (tied to the target embeddings when shared)."""
         return self.decoder.output_projection.weight
 
-    def new_cache(self) -> DecoderCache:
-        """An empty cache for incremental decoding of one batch."""
-        return DecoderCache(len(self.decoder.layers))
+    def new_cache(self, group: int = 1, capacity: int = 0,
+                  memory: CacheMemory | None = None) -> DecoderCache:
+        """An empty cache for incremental decoding of one batch: see DecoderCache."""
+        return DecoderCache(len(self.decoder.layers), group, capacity, memory)

@@ -51,7 +51,7 @@ class Markov(nn.Module):
     def decode(self, prev_tokens, enc, cache=None, attn_layer=None):
         return self.logits[prev_tokens], None  # [B,T,V]
 
-    def new_cache(self) -> _NoCache:
+    def new_cache(self, **cache_args) -> _NoCache:
         return _NoCache()
 
 

@@ -142,10 +142,12 @@ def test_reorder_within_sentence_beams_keeps_encoder_rows():
     assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5
 
 
-def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows():
+@pytest.mark.parametrize("group", [1, 2], ids=["rows", "beam-groups"])
+def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows(group):
     """The generator's layout: the cache holds one encoder row per sentence and K decoder
     rows per sentence attend to it; outputs equal decoding against K expanded copies, also
-    with attention weights, after beam reorders and after a sentence leaves the batch."""
+    with attention weights, after beam reorders and after a sentence leaves the batch.
+    With groups, the cache keeps each sentence's beams in place (DecoderCache)."""
     model = make_model(seed=3)
     src = tokens([6, 3, 5], SRC_V)
     beams = 2
@@ -155,7 +157,7 @@ def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows():
     with torch.no_grad():
         enc = model.encode(src)  # [3 sentences]
         enc_rows = enc.reorder(expand)  # [6 rows]
-        cache = model.new_cache()
+        cache = model.new_cache(group=group)
         sentences = torch.arange(3)
         for step in range(4):
             cached, cached_attn = model.decode(history[:, -1:], enc, cache, attn_layer=-1)
@@ -171,6 +173,59 @@ def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows():
             enc_rows = enc_rows.reorder(index)
             step_tokens = torch.randint(4, TGT_V, (index.numel(), 1), generator=gen)
             history = torch.cat([history[index], step_tokens], 1)
+
+
+def test_grouped_cache_over_prefixes_growth_and_reused_memory_equals_full_decoding():
+    """Beam groups of 3 rows: a 3-token prefix at once, then single steps past the first
+    16-position chunk with reorders within groups, a group leaving and the others
+    swapping places; then a second batch in the same CacheMemory (stale contents, a
+    different shape) decodes as if alone."""
+    from nmt.model.cache import CacheMemory
+
+    model = make_model(seed=6, normalize_before=True)
+    beams = 3
+    memory = CacheMemory()
+    gen = torch.Generator().manual_seed(2)
+    for lengths in ([5, 7], [4, 6, 3]):
+        n = len(lengths)
+        enc = model.encode(tokens(lengths, SRC_V))
+        history = torch.cat([torch.full((n * beams, 1), EOS),
+                             torch.randint(4, TGT_V, (n * beams, 2), generator=gen)], 1)
+        enc_rows = enc.reorder(torch.arange(n).repeat_interleave(beams))
+        with torch.no_grad():
+            cache = model.new_cache(group=beams, memory=memory)
+            cached, _ = model.decode(history, enc, cache)  # the prefix, T = 3
+            full, _ = model.decode(history, enc_rows)
+            assert (cached - full).abs().max() <= 1e-5
+            groups = torch.arange(n)
+            for step in range(18):
+                if step == 5 and n == 2:
+                    groups = torch.tensor([1, 0])  # the sentences swap places
+                elif step == 9 and n == 3:
+                    groups = torch.tensor([0, 2])  # sentence 1 leaves
+                else:
+                    groups = torch.arange(groups.numel())
+                origin = torch.randint(0, beams, (groups.numel(), beams), generator=gen)
+                index = (groups[:, None] * beams + origin).view(-1)
+                moved = not torch.equal(groups, torch.arange(cache._self_kv.size(2)))
+                cache.reorder(index, encoder_rows=groups if moved else None)
+                enc, enc_rows = enc.reorder(groups), enc_rows.reorder(index)
+                history = torch.cat([history[index],
+                                     torch.randint(4, TGT_V, (index.numel(), 1), generator=gen)], 1)
+                cached, _ = model.decode(history[:, -1:], enc, cache)
+                full, _ = model.decode(history, enc_rows)
+                assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5, step
+        assert cache.length == 21
+
+
+def test_grouped_cache_refuses_a_reorder_across_groups():
+    model = make_model()
+    enc = model.encode(tokens([4, 5], SRC_V))
+    with torch.no_grad():
+        cache = model.new_cache(group=2)
+        model.decode(torch.full((4, 1), EOS), enc, cache)
+        with pytest.raises(ValueError, match="one old group"):
+            cache.reorder(torch.tensor([0, 2, 1, 3]))
 
 
 def test_padding_and_batch_composition_do_not_change_outputs():

@@ -103,20 +103,33 @@ def test_sampling_respects_topk_and_topp():
 
 
 @pytest.mark.parametrize("vocab", [8000, 8003, 1001, 37])
-@pytest.mark.parametrize("k", [1, 2, 10])
-def test_row_topk_equals_torch_topk(vocab, k):
-    from nmt.generation.search import row_topk
+@pytest.mark.parametrize("beam", [1, 2, 5])
+def test_sentence_topk_equals_topk_of_the_sums(vocab, beam):
+    from nmt.generation.search import sentence_topk
 
-    torch.manual_seed(vocab + k)
-    x = torch.randn(7, vocab) * 5
-    x[0] = float("-inf")  # a forbidden row: any k indices, all -inf
-    x[1, :] = float("-inf")
-    x[1, vocab - 1] = 3.0  # a forced row: its one finite value first
-    x[2, torch.randperm(vocab)[:k]] += 100.0  # the best values clustered in few blocks
-    x[3, :k] = 50.0 + torch.arange(k)  # all in the first block
-    want_values, want_ids = x.topk(k, dim=1)
-    values, ids = row_topk(x, k)
-    assert torch.equal(values, want_values)
-    # -inf values tie: rows 0 and 1 may name other indices for them
-    assert torch.equal(ids[2:], want_ids[2:]) and ids[1, 0] == vocab - 1
-    assert torch.equal(x.gather(1, ids), values)
+    torch.manual_seed(vocab + beam)
+    c = 2 * beam
+    lprobs = torch.randn(6, beam, vocab) * 5  # [N,K,V]
+    scores = torch.randn(6, beam) * 3  # [N,K]
+    lprobs[0] = float("-inf")  # a sentence with nothing allowed: any indices, all -inf
+    lprobs[1, :] = float("-inf")
+    lprobs[1, :, vocab - 1] = 3.0  # forced rows: one finite value each
+    lprobs[2, 0, torch.randperm(vocab)[:c]] += 100.0  # the best values clustered in few blocks
+    lprobs[3, -1, :c] = 50.0 + torch.arange(c)  # all in one block of the last hypothesis
+    scores[4, 1:] = NEG_INF  # first step: only the first hypothesis may be extended
+    want_values, want_ids = (scores.unsqueeze(2) + lprobs).view(6, -1).topk(c, dim=1)
+    values, ids = sentence_topk(lprobs, scores, c)
+    assert torch.equal(values, want_values)  # the same sums, not merely close ones
+    # -inf values tie: sentences 0 and 1 may name other indices for them
+    assert torch.equal(ids[2:], want_ids[2:])
+    assert ids[1, :beam].remainder(vocab).eq(vocab - 1).all()
+    sums = (scores.unsqueeze(2) + lprobs).view(6, -1)
+    assert torch.equal(sums.gather(1, ids), values)
+
+
+def test_log_softmax_in_place_equals_log_softmax():
+    """The generator turns each step's logits into log-probs in place (out=logits)."""
+    logits = torch.randn(7, 1003) * 4
+    want = torch.log_softmax(logits, dim=-1)
+    assert torch.equal(torch.log_softmax(logits, dim=-1, out=logits), want)
+    assert torch.equal(logits, want)
