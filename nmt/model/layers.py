@@ -127,21 +127,50 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     return x * (keep.to(x.dtype) * (65536 / (65536 - drop)))
 
 
+# Key lengths up to which CPU training spells attention out (`matmul_attention`): it beat
+# SDPA's CPU flash kernels forward and backward up to ~150 keys, in fp32 and bf16.
+MATMUL_ATTENTION_MAX_KEYS = 128
+
+
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
           is_causal: bool) -> Tensor:
-    """F.scaled_dot_product_attention [B,H,T,Dh] -> [B,H,T,Dh], fp32 for CPU bf16 training.
+    """F.scaled_dot_product_attention [B,H,T,Dh] -> [B,H,T,Dh], with CPU training's own paths.
 
-    torch's CPU flash-attention backward is ~11x slower in bf16 than in fp32 (a third of a
-    bf16 training step), so when gradients are needed on a CPU the attention itself runs
-    in fp32 and only the projections around it stay in bf16. CUDA and inference are as is.
+    When gradients are needed on a CPU, torch's flash attention is slow for NMT's short
+    sequences: 10-30% slower than two matmuls around a softmax in fp32 (forward plus
+    backward), 2-4x slower in bf16, whose flash backward is ~3x slower than fp32's. So
+    up to MATMUL_ATTENTION_MAX_KEYS keys, attention is `matmul_attention` (its [B,H,T,K]
+    scores are small there); beyond, bf16 runs the flash kernels in fp32. CUDA and
+    inference use SDPA as is.
     """
-    if q.dtype != torch.bfloat16 or q.device.type != "cpu" or not torch.is_grad_enabled():
+    if q.device.type != "cpu" or not torch.is_grad_enabled():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal)
+    if k.size(-2) <= MATMUL_ATTENTION_MAX_KEYS:
+        return matmul_attention(q, k, v, mask, is_causal, dropout_p)[0]
+    if q.dtype != torch.bfloat16:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                               is_causal=is_causal)
     with torch.autocast("cpu", enabled=False):
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                              dropout_p=dropout_p, is_causal=is_causal)
     return out.to(torch.bfloat16)
+
+
+def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                     dropout_p: float) -> tuple[Tensor, Tensor]:
+    """Attention spelled out: q [B,H,T,Dh], k/v [B,H,K,Dh] -> (out [B,H,T,Dh], the attention
+    probabilities [B,H,T,K] in fp32, before dropout). `mask` and `is_causal` as SDPA's."""
+    scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1)).float()  # [B,H,T,K]
+    if is_causal:  # top-left aligned, as SDPA's
+        t, k_len = scores.shape[-2:]
+        ahead = torch.ones(t, k_len, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(ahead, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # fp32, so that weights sum to 1
+    out = torch.matmul(dropout(probs.to(v.dtype), dropout_p, dropout_p > 0), v)  # [B,H,T,Dh]
+    return out, probs
 
 
 class MultiheadAttention(nn.Module):
@@ -253,15 +282,7 @@ class MultiheadAttention(nn.Module):
 
     def _attend_with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                              is_causal: bool, p: float) -> tuple[Tensor, Tensor]:
-        scores = torch.matmul(q, k.transpose(-2, -1)) * self.head_dim ** -0.5  # [B,H,T,K]
-        if is_causal:
-            t, k_len = scores.shape[-2:]
-            causal = torch.ones(t, k_len, dtype=torch.bool, device=q.device).tril()
-            mask = causal if mask is None else mask & causal
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1)  # float, so that weights sum to 1
-        out = torch.matmul(F.dropout(probs.to(q.dtype), p, training=p > 0), v)  # [B,H,T,Dh]
+        out, probs = matmul_attention(q, k, v, mask, is_causal, p)
         return out, probs.mean(dim=1)  # weights averaged over heads: [B,T,K]
 
 
