@@ -7,6 +7,7 @@ This script imports a second copy of nmt from a git revision (as the package
 them in turns on the same fresh batches, `--chunk` updates each.
 
     python scripts/bench_train_paired.py --data <Multi30k data dir> --before HEAD~1
+    python scripts/bench_train_paired.py --data <Multi30k data dir> --before none   # bf16/fp32
 
 It prints target tokens/s per trainer, after/before per precision, and bf16/fp32 per
 version. The shape is bench_train.py's (the fairseq peer's transformer_small).
@@ -35,7 +36,9 @@ def make_trainer(package: str, precision: str, args: argparse.Namespace):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="data dir from nmt-preprocess")
-    parser.add_argument("--before", default="HEAD", help="git revision to compare the working tree with")
+    parser.add_argument("--before", default="HEAD",
+                        help="git revision to compare the working tree with; 'none': only the "
+                             "working tree, its precisions interleaved (a drift-free bf16/fp32)")
     parser.add_argument("--model", default="transformer_small")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=2)
@@ -48,10 +51,12 @@ def main() -> None:
     args.updates, args.log_interval, args.fairseq_shape, args.device = 0, 50, True, "cpu"
     torch.set_num_threads(args.threads)
 
-    import_both(args.before)
+    versions = ["nmt"] if args.before == "none" else ["nmt_before", "nmt"]
+    if args.before != "none":
+        import_both(args.before)
     from nmt.data.batching import epoch_batches
 
-    keys = [(version, p) for version in ("nmt_before", "nmt") for p in args.precisions]
+    keys = [(version, p) for version in versions for p in args.precisions]
     trainers = {key: make_trainer(*key, args) for key in keys}
     first = trainers[keys[0]]
     data = first.train_data
@@ -78,9 +83,9 @@ def main() -> None:
     label = {"nmt_before": f"before ({args.before})", "nmt": "after (working tree)"}
     for (version, p), r in rate.items():
         print(f"{label[version]:>24} {p}: {r:7.0f} target tok/s")
-    for p in args.precisions:
+    for p in args.precisions if len(versions) == 2 else []:
         print(f"{p}: after/before {rate[('nmt', p)] / rate[('nmt_before', p)]:.3f}")
-    for version in ("nmt_before", "nmt"):
+    for version in versions:
         for p in args.precisions[1:]:
             print(f"{label[version]}: {p}/{args.precisions[0]} "
                   f"{rate[(version, p)] / rate[(version, args.precisions[0])]:.2f}")
