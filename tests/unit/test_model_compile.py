@@ -35,7 +35,8 @@ def test_training_forward_has_no_graph_breaks():
     assert explanation.graph_count == 1
 
 
-def test_bf16_autocast_forward_and_cached_decoding():
+@pytest.mark.parametrize("group", [1, 3], ids=["rows", "beam-group"])
+def test_bf16_autocast_forward_and_cached_decoding(group):
     model = make_model(normalize_before=True).eval()
     src, prev = batch()
     with torch.no_grad():
@@ -43,7 +44,7 @@ def test_bf16_autocast_forward_and_cached_decoding():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(src, prev)
             enc = model.encode(src)
-            cache = model.new_cache()
+            cache = model.new_cache(group=group)
             steps = [model.decode(prev[:, t:t + 1], enc, cache, attn_layer=-1) for t in range(6)]
     assert logits.dtype == torch.bfloat16
     assert torch.isfinite(logits).all()
@@ -76,13 +77,14 @@ def test_compiled_fullgraph_matches_eager():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_bf16_and_cached_decoding():
+@pytest.mark.parametrize("group", [1, 3], ids=["rows", "beam-group"])
+def test_cuda_bf16_and_cached_decoding(group):
     model = make_model(dropout=0.0, attention_dropout=0.0).cuda().eval()
     src, prev = batch("cuda")
     with torch.no_grad():
         full = model(src, prev)
         enc = model.encode(src)
-        cache = model.new_cache()
+        cache = model.new_cache(group=group)
         steps = torch.cat([model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(6)], 1)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             half = model(src, prev)
