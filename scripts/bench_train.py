@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Training throughput of nmt-train: target tokens/s and model FLOP/s, fp32 and bf16.
 
-Runs the real training loop (nmt.training.trainer.Trainer, nothing saved) for `--updates`
-updates per precision on a data dir, and reads the per-interval throughput that the loop
-itself logs (train.jsonl), discarding the warm-up intervals, like fairseq's "wps". In the
-same process it measures the machine's matmul peak in fp32 and bf16, so the model FLOP/s
-can be read as a fraction of what the hardware does.
+Trains with the real training step (nmt.training.trainer.Trainer, nothing saved) for
+`--updates` updates per precision on a data dir, the precisions taking turns of
+`--log-interval` updates over the same batches, and times each interval, discarding the
+warm-up intervals, like fairseq's "wps" (`--sequential`: each precision's whole
+Trainer.run in turn, with the throughput the loop itself logs). In the same process it
+measures the machine's matmul peak in fp32 and bf16, so the model FLOP/s can be read as a
+fraction of what the hardware does.
 
 The default shape is the one of ../shared/bench/fairseq_peer.sh (transformer_small with
 shared embeddings, no attention/activation dropout, Adam + inverse_sqrt, max_tokens 4096),
@@ -117,6 +119,59 @@ def run(args: argparse.Namespace, precision: str) -> dict:
             "losses": [(e["update"], round(e["loss"], 4)) for e in train]}
 
 
+def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dict]:
+    """`run`'s figures for several precisions trained in turns, one interval each.
+
+    On a shared machine the speed drifts by 10-20% within minutes, so precisions run one
+    after the other get different machines; in turns, drift hits them alike and their
+    ratio holds. Each precision has its own Trainer and takes the same batches, in the
+    order of the training loop's first epoch.
+    """
+    from nmt.data.batching import epoch_batches
+    from nmt.training.checkpointing import rng_state, set_rng_state
+    from nmt.training.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers, rngs = {}, {}
+        for p in precisions:
+            trainers[p] = Trainer(train_cfg(args, p, Path(tmp) / p))  # seeds the RNGs
+            rngs[p] = rng_state()  # each keeps its own dropout stream, as if trained alone
+            trainers[p]._run_start = trainers[p]._interval_start = time.monotonic()  # as run() does
+        first = trainers[precisions[0]]
+        data = first.train_data
+        batches = epoch_batches(first.train_indices, data.src_sizes, data.tgt_sizes,
+                                max_tokens=args.max_tokens, max_sentences=0, seed=1, epoch=1)
+        if len(batches) < args.updates:
+            raise SystemExit(f"--updates {args.updates}: the first epoch has only {len(batches)} batches")
+        intervals: dict[str, list[float]] = {p: [] for p in precisions}  # seconds per interval
+        tokens, flops = [], []
+        for i, start in enumerate(range(0, args.updates, args.log_interval)):
+            chunk = batches[start:start + args.log_interval]
+            tokens.append(int(sum(data.tgt_sizes[b].sum() for b in chunk)))
+            flops.append(sum(batch_flops(first.cfg.model, first.meta.tgt_vocab_size,
+                                         data.src_sizes[b], data.tgt_sizes[b]) for b in chunk))
+            for p in precisions if i % 2 == 0 else reversed(precisions):  # alternate who goes first
+                set_rng_state(rngs[p])
+                begin = time.perf_counter()
+                for batch in chunk:
+                    trainers[p]._train_step([batch])
+                intervals[p].append(time.perf_counter() - begin)
+                trainers[p]._log_train(epoch=1)  # the interval's loss to train.jsonl
+                rngs[p] = rng_state()
+        losses = {p: [(e["update"], round(e["loss"], 4)) for e in map(
+            json.loads, (Path(tmp) / p / "train.jsonl").read_text().splitlines()) if e["type"] == "train"]
+            for p in precisions}
+    skip = args.warmup // args.log_interval
+    results = []
+    for p in precisions:
+        secs = intervals[p][skip:]
+        results.append({"precision": p, "tok_s_mean": sum(tokens[skip:]) / sum(secs),
+                        "tok_s_median": statistics.median(t / s for t, s in zip(tokens[skip:], secs)),
+                        "flop_s": sum(flops[skip:]) / sum(secs), "intervals": len(secs),
+                        "losses": losses[p]})
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="data dir from nmt-preprocess (Multi30k, 8k joint vocab)")
@@ -130,6 +185,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU run")
     parser.add_argument("--no-fairseq-shape", dest="fairseq_shape", action="store_false",
                         help="use the preset as is (default: the fairseq peer script's settings)")
+    parser.add_argument("--sequential", dest="interleave", action="store_false",
+                        help="run the precisions one after the other through Trainer.run (default: "
+                             "in turns, one interval each, so that the machine's drift cannot skew "
+                             "their ratio)")
     args = parser.parse_args()
     if args.warmup % args.log_interval:
         raise SystemExit("--warmup must be a multiple of --log-interval")
@@ -142,7 +201,8 @@ def main() -> None:
     peaks = {p: matmul_peak(dtypes[p], device=args.device) for p in dict.fromkeys(["fp32", *args.precisions])}
     for name, value in peaks.items():
         print(f"matmul peak {name}: {value / 1e9:8.1f} GFLOP/s (2048^3, best of 1 s)")
-    results = [run(args, p) for p in args.precisions]
+    results = (run_interleaved(args, args.precisions) if args.interleave
+               else [run(args, p) for p in args.precisions])
     base = results[0]["tok_s_mean"]
     for r in results:
         peak = peaks[r["precision"]]
