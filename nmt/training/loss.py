@@ -121,6 +121,7 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
             # was page-faulted in again each time, and cast at half the speed.
             logits_buf = h.new_empty(min(rows, h.size(0)), vocab)
             work_buf = logits_buf if dtype == torch.float32 else torch.empty_like(logits_buf, dtype=torch.float32)
+            grad_w_blk = w.new_empty(w.shape) if want_grad and dtype != torch.float32 else None  # [V,D]
             for start in range(0, h.size(0), rows):
                 h_blk = h[start:start + rows]  # [n,D]
                 g_blk = gold[start:start + rows, None]  # [n,1]
@@ -147,7 +148,10 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
                     if dtype != torch.float32:  # back into the logits' buffer, now free
                         grad_z = logits.copy_(grad_z)
                     grad_h[start:start + rows] = grad_z @ w  # [n,D]
-                    grad_w += (grad_z.t() @ h_blk).float()  # [V,D]
+                    if dtype == torch.float32:  # [V,D], accumulated in fp32 in place
+                        grad_w.addmm_(grad_z.t(), h_blk)
+                    else:
+                        grad_w.add_(torch.mm(grad_z.t(), h_blk, out=grad_w_blk))
         loss = gold_weight * nll + eps_i * smooth if epsilon else nll.clone()
         ctx.mark_non_differentiable(nll)
         if want_grad:
