@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--passes", type=int, default=2, help="passes over the input per version")
     args = parser.parse_args()
+    for flag, path in (("--checkpoint", args.checkpoint), ("--input", args.input)):
+        if not Path(path).is_file():
+            sys.exit(f"bench_generate_paired: {flag} {path}: no such file")
     torch.set_num_threads(args.threads)
     import_both(args.before)
 
