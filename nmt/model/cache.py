@@ -105,7 +105,8 @@ class DecoderCache:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                   is_causal=start == 0 and steps > 1)
         assert self._ancestry is not None
-        self._ancestry[:, :, start:end] = torch.arange(g, device=k.device)[None, :, None]
+        if layer == 0:  # the new positions are each row's own slots (the same in every layer)
+            self._ancestry[:, :, start:end] = torch.arange(g, device=k.device)[None, :, None]
         own = self._ancestry[:, None, :, None, :end, None]  # [N,1,G,1,end,1]
         own = own.expand(groups, heads, g, steps, end, 1)  # [N,H,G,T,end,1]
         # The G queries of a group against all G*end slots of its keys: [N,H,G*T,G*end]
