@@ -23,7 +23,7 @@ FORMAT_VERSION = 1
 CHECKSUM_KEY = "checksum"  # "sha256:<hex>" of every other entry, see payload_checksum
 
 
-def _feed(h: "hashlib._Hash", obj: Any) -> None:
+def _feed(h: hashlib._Hash, obj: Any) -> None:
     """Hash `obj` canonically: tensors by dtype, shape and bytes; containers in order."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous().reshape(-1)
@@ -60,13 +60,17 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise NmtError(f"{path.parent}: cannot create the checkpoint directory "
-                       f"({exc.strerror or exc}); choose a writable path") from exc
+        raise NmtError(
+            f"{path.parent}: cannot create the checkpoint directory "
+            f"({exc.strerror or exc}); choose a writable path"
+        ) from exc
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise NmtError(f"{path}: cannot write the checkpoint ({exc.strerror or exc}); choose a "
-                       "writable save_dir") from exc
+        raise NmtError(
+            f"{path}: cannot write the checkpoint ({exc.strerror or exc}); choose a "
+            "writable save_dir"
+        ) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
@@ -76,8 +80,10 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
         fsync_dir(path.parent)
     except OSError as exc:
         Path(tmp_name).unlink(missing_ok=True)
-        raise NmtError(f"{path}: could not write checkpoint ({exc.strerror or exc}); "
-                       "the previous checkpoint is intact") from exc
+        raise NmtError(
+            f"{path}: could not write checkpoint ({exc.strerror or exc}); "
+            "the previous checkpoint is intact"
+        ) from exc
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
@@ -92,18 +98,23 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise NmtError(f"{path}: not a readable nmt checkpoint (truncated or corrupted?): "
-                       f"{first[:200]}") from exc
+        raise NmtError(
+            f"{path}: not a readable nmt checkpoint (truncated or corrupted?): {first[:200]}"
+        ) from exc
     if not isinstance(obj, dict) or "model" not in obj or "model_config" not in obj:
         raise NmtError(f"{path}: not an nmt checkpoint (no model or model_config inside)")
     version = obj.get("format_version")
     if version != FORMAT_VERSION:
-        raise NmtError(f"{path}: checkpoint format_version {version!r}; this nmt reads "
-                       f"version {FORMAT_VERSION}")
+        raise NmtError(
+            f"{path}: checkpoint format_version {version!r}; this nmt reads "
+            f"version {FORMAT_VERSION}"
+        )
     stored = obj.pop(CHECKSUM_KEY, None)  # absent from files written before checksums
     if stored is not None and stored != payload_checksum(obj):
-        raise NmtError(f"{path}: checksum mismatch, the file is corrupted; use another "
-                       "checkpoint (e.g. a numbered checkpoint_<epoch>_<update>.pt)")
+        raise NmtError(
+            f"{path}: checksum mismatch, the file is corrupted; use another "
+            "checkpoint (e.g. a numbered checkpoint_<epoch>_<update>.pt)"
+        )
     return obj
 
 
@@ -116,10 +127,16 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
     return bytes(t.cpu().numpy().tobytes())
 
 
-def build_checkpoint(*, model_state: dict[str, torch.Tensor], model_config: dict[str, Any],
-                     data: dict[str, Any], src_tokenizer: bytes, tgt_tokenizer: bytes,
-                     train_state: dict[str, Any] | None = None,
-                     config: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_checkpoint(
+    *,
+    model_state: dict[str, torch.Tensor],
+    model_config: dict[str, Any],
+    data: dict[str, Any],
+    src_tokenizer: bytes,
+    tgt_tokenizer: bytes,
+    train_state: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A checkpoint dict in the documented layout; the inference part is always complete.
 
     `train_state` is left out of averaged or imported checkpoints (generation ignores it).
@@ -129,8 +146,10 @@ def build_checkpoint(*, model_state: dict[str, torch.Tensor], model_config: dict
         "model_config": dict(model_config),
         "model": model_state,
         "data": dict(data),
-        "tokenizers": {"src": tokenizer_to_tensor(src_tokenizer),
-                       "tgt": tokenizer_to_tensor(tgt_tokenizer)},
+        "tokenizers": {
+            "src": tokenizer_to_tensor(src_tokenizer),
+            "tgt": tokenizer_to_tensor(tgt_tokenizer),
+        },
     }
     if train_state is not None:
         ckpt["train_state"] = train_state
@@ -161,7 +180,9 @@ class InferenceBundle:
     model_config: Any  # ModelConfig
 
 
-def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> InferenceBundle:
+def load_for_inference(
+    path: str | os.PathLike, device: str | torch.device = "cpu"
+) -> InferenceBundle:
     """Load model weights, config and tokenizers from a checkpoint, in eval mode."""
     from nmt.data.tokenizer import Tokenizer
     from nmt.model.transformer import Transformer
@@ -170,21 +191,28 @@ def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
     cfg = model_config_from_dict(ckpt["model_config"])
     data = ckpt.get("data") or {}
     try:
-        model = Transformer(cfg, src_vocab_size=data["src_vocab_size"],
-                            tgt_vocab_size=data["tgt_vocab_size"],
-                            pad_id=data["special_ids"]["pad"])
+        model = Transformer(
+            cfg,
+            src_vocab_size=data["src_vocab_size"],
+            tgt_vocab_size=data["tgt_vocab_size"],
+            pad_id=data["special_ids"]["pad"],
+        )
         tokenizers = ckpt["tokenizers"]
         src_tok = Tokenizer.from_bytes(tensor_to_bytes(tokenizers["src"]))
         tgt_tok = Tokenizer.from_bytes(tensor_to_bytes(tokenizers["tgt"]))
     except KeyError as exc:
-        raise NmtError(f"{path}: checkpoint lacks {exc.args[0]!r}; it was not written by nmt") from exc
+        raise NmtError(
+            f"{path}: checkpoint lacks {exc.args[0]!r}; it was not written by nmt"
+        ) from exc
     try:
         model.load_state_dict(ckpt["model"], strict=True)
     except RuntimeError as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         detail = lines[1] if len(lines) > 1 else lines[0]  # line 0 is torch's generic heading
-        raise NmtError(f"{path}: weights do not fit the model config stored with them: "
-                       f"{detail[:300]}") from exc
+        raise NmtError(
+            f"{path}: weights do not fit the model config stored with them: {detail[:300]}"
+        ) from exc
     model.to(device).eval()
-    return InferenceBundle(model=model, src_tokenizer=src_tok, tgt_tokenizer=tgt_tok,
-                           data=data, model_config=cfg)
+    return InferenceBundle(
+        model=model, src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, data=data, model_config=cfg
+    )

@@ -95,8 +95,9 @@ def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, lis
     return user_dir, config_name, print_cfg, show_help, overrides
 
 
-def compose_config(name: str, overrides: list[str], user_dir: str | None = None,
-                   config_name: str | None = None) -> DictConfig:
+def compose_config(
+    name: str, overrides: list[str], user_dir: str | None = None, config_name: str | None = None
+) -> DictConfig:
     """Compose and validate `configs/<name>.yaml` with overrides (also used by tests)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

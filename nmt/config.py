@@ -8,8 +8,9 @@ Each command's YAML file (configs/<command>.yaml) starts its defaults list with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -66,8 +67,13 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> 
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds NCCL to this rank's GPU up front
     try:
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=timeout_s), **kwargs)
+        dist.init_process_group(
+            backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
     except Exception as exc:
         raise peer_error(exc, env, "while starting the process group") from exc
 
@@ -81,9 +87,11 @@ def peer_error(exc: BaseException, env: DistEnv, where: str) -> NmtError:
     """The one-line error a rank reports when a collective fails or times out."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]  # drop gloo's "[.../pair.cc:537]" prefix
-    return NmtError(f"rank {env.rank}/{env.world_size}: lost contact with the other ranks {where} "
-                    f"({first}); another rank probably died or hung: see its log. Resume by "
-                    "running the same command again")
+    return NmtError(
+        f"rank {env.rank}/{env.world_size}: lost contact with the other ranks {where} "
+        f"({first}); another rank probably died or hung: see its log. Resume by "
+        "running the same command again"
+    )
 
 
 def is_collective_failure(exc: BaseException) -> bool:
@@ -92,8 +100,16 @@ def is_collective_failure(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and any(
-        s in text for s in ("gloo", "nccl", "connection closed", "connection reset", "timed out",
-                            "timeout", "broken pipe")
+        s in text
+        for s in (
+            "gloo",
+            "nccl",
+            "connection closed",
+            "connection reset",
+            "timed out",
+            "timeout",
+            "broken pipe",
+        )
     )
 
 

@@ -28,15 +28,23 @@ def select(run_dir: Path, last: int | None, best: int | None) -> list[Path]:
     if not run_dir.is_dir():
         raise NmtError(f"{run_dir}: no such run dir")
     if last is not None:
-        found = [p for _, p in CheckpointManager(run_dir, keep_last=-1, keep_best=0, metric="",
-                                                 maximize=False).numbered()]
+        found = [
+            p
+            for _, p in CheckpointManager(
+                run_dir, keep_last=-1, keep_best=0, metric="", maximize=False
+            ).numbered()
+        ]
         what = "numbered checkpoints (checkpoint_<epoch>_<update>.pt)"
         want = last
     else:
         found = []
         for metric, maximize in (("loss", False), ("nll", False), ("bleu", True)):
-            found += [p for _, p in CheckpointManager(run_dir, keep_last=-1, keep_best=0, metric=metric,
-                                                      maximize=maximize).best_k()]
+            found += [
+                p
+                for _, p in CheckpointManager(
+                    run_dir, keep_last=-1, keep_best=0, metric=metric, maximize=maximize
+                ).best_k()
+            ]
         what = "checkpoint.best_<metric>_<value>.pt files (see keep_best)"
         want = best
     if len(found) < want:
@@ -46,10 +54,17 @@ def select(run_dir: Path, last: int | None, best: int | None) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--inputs", nargs="+", type=Path, required=True,
-                        help="a run dir (with --num-last/--num-best), or the checkpoint files to average")
+    parser.add_argument(
+        "--inputs",
+        nargs="+",
+        type=Path,
+        required=True,
+        help="a run dir (with --num-last/--num-best), or the checkpoint files to average",
+    )
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--num-last", type=int, help="average the newest K numbered checkpoints of the run dir")
+    group.add_argument(
+        "--num-last", type=int, help="average the newest K numbered checkpoints of the run dir"
+    )
     group.add_argument("--num-best", type=int, help="average the K best checkpoints of the run dir")
     parser.add_argument("-o", "--output", type=Path, help="output file")
     args = parser.parse_args(argv)
@@ -64,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.inputs) != 1 or not args.inputs[0].is_dir():
                 raise NmtError("--num-last/--num-best: give exactly one run dir in --inputs")
             if k < 1:
-                raise NmtError(f"--num-{'last' if args.num_last is not None else 'best'} {k}: must be 1 or more")
+                raise NmtError(
+                    f"--num-{'last' if args.num_last is not None else 'best'} {k}: must be 1 or more"
+                )
             run_dir = args.inputs[0]
             paths = select(run_dir, args.num_last, args.num_best)
             kind = "last" if args.num_last is not None else "best"

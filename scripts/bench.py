@@ -45,16 +45,19 @@ MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 
 # ---------------------------------------------------------------- workers (one per subprocess)
 
+
 def work_preprocess(p: dict[str, Any]) -> dict[str, Any]:
     """One timed nmt-preprocess run reusing the suite's SentencePiece model."""
     import bench_preprocess
+
     from nmt.commands.preprocess import run
     from nmt.data.config import SpmConfig
     from nmt.data.meta import load_meta
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = bench_preprocess.config(Path(p["raw"]), Path(tmp) / "out", p["workers"],
-                                      SpmConfig(model=p["spm_model"]))
+        cfg = bench_preprocess.config(
+            Path(p["raw"]), Path(tmp) / "out", p["workers"], SpmConfig(model=p["spm_model"])
+        )
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             run(cfg)
@@ -65,27 +68,37 @@ def work_preprocess(p: dict[str, Any]) -> dict[str, Any]:
 
 def work_train(p: dict[str, Any]) -> dict[str, Any]:
     """The matmul peak of one dtype, then bench_train's measured training run in it."""
-    import torch
-
     import bench_train
+    import torch
 
     torch.set_num_threads(p["threads"])
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[p["precision"]]
     peak = bench_train.matmul_peak(dtype)
-    args = argparse.Namespace(data=p["data"], model="transformer_small", threads=p["threads"],
-                              updates=p["updates"], warmup=p["warmup"], log_interval=p["log_interval"],
-                              max_tokens=4096, fairseq_shape=True)
+    args = argparse.Namespace(
+        data=p["data"],
+        model="transformer_small",
+        threads=p["threads"],
+        updates=p["updates"],
+        warmup=p["warmup"],
+        log_interval=p["log_interval"],
+        max_tokens=4096,
+        fairseq_shape=True,
+    )
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         r = bench_train.run(args, p["precision"])
-    return {"tok_s": r["tok_s_mean"], "flop_s": r["flop_s"], "matmul_peak_flop_s": peak,
-            "peak_fraction": r["flop_s"] / peak}
+    return {
+        "tok_s": r["tok_s_mean"],
+        "flop_s": r["flop_s"],
+        "matmul_peak_flop_s": peak,
+        "peak_fraction": r["flop_s"] / peak,
+    }
 
 
 def work_generate(p: dict[str, Any]) -> dict[str, Any]:
     """bench_generate's timed pass over the first N test sentences, one beam/cache setting."""
+    import bench_generate
     import torch
 
-    import bench_generate
     from nmt.checkpoint import load_for_inference
     from nmt.commands.generate import Translator
     from nmt.generation.config import GenerateConfig
@@ -101,18 +114,30 @@ def work_generate(p: dict[str, Any]) -> dict[str, Any]:
         max_len_a, max_len_b = 1.0, 2  # a random model never emits EOS: cap near a real length
     model = bundle.model
     nfkc = bool(bundle.data.get("normalization", {}).get("nfkc", False))
-    encoder = SourceEncoder(bundle.src_tokenizer, nfkc, model.cfg.max_source_positions, "truncate",
-                            p["input"])
+    encoder = SourceEncoder(
+        bundle.src_tokenizer, nfkc, model.cfg.max_source_positions, "truncate", p["input"]
+    )
     lines = list(read_text_lines(p["input"]))[: p["sentences"]]
     sources = encoder.encode(lines, 0)
-    cfg = GenerateConfig(beam=p["beam"], max_sentences=64, max_len_a=max_len_a, max_len_b=max_len_b,
-                         use_cache=p["use_cache"], dtype="fp32")
+    cfg = GenerateConfig(
+        beam=p["beam"],
+        max_sentences=64,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        use_cache=p["use_cache"],
+        dtype="fp32",
+    )
     translate = Translator(SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None)
     translate(sources[:8])  # warm-up: first-call allocations and kernel selection
     seconds, cpu_seconds, tokens = bench_generate.run(translate, sources, 1)
-    return {"sentences": len(sources), "seconds": seconds, "cpu_seconds": cpu_seconds,
-            "sent_s": len(sources) / seconds,
-            "tok_s": tokens / seconds, "tokens_per_sentence": tokens / len(sources)}
+    return {
+        "sentences": len(sources),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "sent_s": len(sources) / seconds,
+        "tok_s": tokens / seconds,
+        "tokens_per_sentence": tokens / len(sources),
+    }
 
 
 WORKERS = {"preprocess": work_preprocess, "train": work_train, "generate": work_generate}
@@ -127,13 +152,25 @@ def worker_main(kind: str, params: str, result: str) -> None:
 
 # ---------------------------------------------------------------- driver
 
+
 def measure(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """Run one worker subprocess; its result plus its peak RSS in MiB."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     try:
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", kind, "--params", json.dumps(params),
-                                 "--result", str(result)], cwd=REPO)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                kind,
+                "--params",
+                json.dumps(params),
+                "--result",
+                str(result),
+            ],
+            cwd=REPO,
+        )
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not all children's
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
@@ -154,10 +191,21 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def prepare_data(raw: Path, dest: Path) -> Path:
     """The suite's Multi30k data dir (joint 8k unigram), built once and reused."""
     if not (dest / "meta.json").is_file():
-        cmd = [sys.executable, "-c", "import sys; from nmt.cli import main; main('preprocess', sys.argv[1:])",
-               "data.src=en", "data.tgt=de", f"data.trainpref={raw / 'train'}", f"data.validpref={raw / 'val'}",
-               f"data.testpref=[{raw / 'test_2016_flickr'}]", f"data.dest={dest}", "spm.joint=true",
-               "spm.model_type=unigram", "spm.vocab_size=8000", "overwrite=true"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from nmt.cli import main; main('preprocess', sys.argv[1:])",
+            "data.src=en",
+            "data.tgt=de",
+            f"data.trainpref={raw / 'train'}",
+            f"data.validpref={raw / 'val'}",
+            f"data.testpref=[{raw / 'test_2016_flickr'}]",
+            f"data.dest={dest}",
+            "spm.joint=true",
+            "spm.model_type=unigram",
+            "spm.vocab_size=8000",
+            "overwrite=true",
+        ]
         subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return dest
 
@@ -171,53 +219,93 @@ def machine() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
     m, rows = report["machine"], []
     pre = report["preprocess"]
-    rows.append(f"| preprocess (encode+binarize, {report['params']['preprocess_workers']} workers) | "
-                f"{pre['pairs_s']:,.0f} pairs/s | | | {pre['peak_rss_mib']:.0f} |")
+    rows.append(
+        f"| preprocess (encode+binarize, {report['params']['preprocess_workers']} workers) | "
+        f"{pre['pairs_s']:,.0f} pairs/s | | | {pre['peak_rss_mib']:.0f} |"
+    )
     for prec, r in report["train"].items():
-        rows.append(f"| train transformer_small {prec} | {r['tok_s']:,.0f} target tok/s | "
-                    f"{r['flop_s'] / 1e9:.1f} GFLOP/s | {r['matmul_peak_flop_s'] / 1e9:.1f} GFLOP/s "
-                    f"({100 * r['peak_fraction']:.1f}%) | {r['peak_rss_mib']:.0f} |")
+        rows.append(
+            f"| train transformer_small {prec} | {r['tok_s']:,.0f} target tok/s | "
+            f"{r['flop_s'] / 1e9:.1f} GFLOP/s | {r['matmul_peak_flop_s'] / 1e9:.1f} GFLOP/s "
+            f"({100 * r['peak_fraction']:.1f}%) | {r['peak_rss_mib']:.0f} |"
+        )
     for name, r in report["generate"].items():
-        rows.append(f"| generate {name} | {r['sent_s']:.1f} sent/s, {r['tok_s']:,.0f} target tok/s | | | "
-                    f"{r['peak_rss_mib']:.0f} |")
+        rows.append(
+            f"| generate {name} | {r['sent_s']:.1f} sent/s, {r['tok_s']:,.0f} target tok/s | | | "
+            f"{r['peak_rss_mib']:.0f} |"
+        )
     p = report["params"]
-    return "\n".join([
-        f"Benchmark suite (scripts/bench.py), {report['date']}, {m['cpu']}, {m['cores']} CPUs, "
-        f"torch {m['torch']}, {report['params']['threads']} torch threads; load average {report['load_before']:.1f} before, {report['load_after']:.1f} "
-        f"after; median of {p['repeats']} subprocess runs each ({p['train_repeats']} for training: "
-        f"{p['train_updates']} updates of 4096 tokens, the first {p['train_warmup']} not measured); "
-        f"{report['wall_s'] / 60:.1f} min in all.",
-        f"Generation: first {p['gen_sentences']} sentences of test_2016_flickr.en, batches of 64, "
-        f"{p['gen_model']}.",
-        "",
-        "| measurement | throughput | model FLOP/s | matmul peak (same run) | peak RSS MiB |",
-        "| --- | --- | --- | --- | --- |",
-        *rows, ""])
+    return "\n".join(
+        [
+            f"Benchmark suite (scripts/bench.py), {report['date']}, {m['cpu']}, {m['cores']} CPUs, "
+            f"torch {m['torch']}, {report['params']['threads']} torch threads; load average {report['load_before']:.1f} before, {report['load_after']:.1f} "
+            f"after; median of {p['repeats']} subprocess runs each ({p['train_repeats']} for training: "
+            f"{p['train_updates']} updates of 4096 tokens, the first {p['train_warmup']} not measured); "
+            f"{report['wall_s'] / 60:.1f} min in all.",
+            f"Generation: first {p['gen_sentences']} sentences of test_2016_flickr.en, batches of 64, "
+            f"{p['gen_model']}.",
+            "",
+            "| measurement | throughput | model FLOP/s | matmul peak (same run) | peak RSS MiB |",
+            "| --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+        ]
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--raw", type=Path, default=MULTI30K, help="Multi30k task 1 raw folder")
-    ap.add_argument("--out", type=Path, default=REPO / "work" / "bench", help="bench.md, bench.json and the data dir")
-    ap.add_argument("--repeats", type=int, default=3, help="subprocess runs per figure (the median is reported)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads for training and generation")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "work" / "bench",
+        help="bench.md, bench.json and the data dir",
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="subprocess runs per figure (the median is reported)"
+    )
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch threads for training and generation"
+    )
     ap.add_argument("--preprocess-workers", type=int, default=2)
     ap.add_argument("--train-updates", type=int, default=30, help="updates per training run")
     ap.add_argument("--train-warmup", type=int, default=10, help="of which not measured")
-    ap.add_argument("--train-log-interval", type=int, default=10, help="updates per measured interval")
-    ap.add_argument("--train-repeats", type=int, default=0, help="runs per training figure; 0 = --repeats")
-    ap.add_argument("--data", type=Path, default=None,
-                    help="an existing Multi30k en-de data dir (joint 8k unigram); default: built under --out")
+    ap.add_argument(
+        "--train-log-interval", type=int, default=10, help="updates per measured interval"
+    )
+    ap.add_argument(
+        "--train-repeats", type=int, default=0, help="runs per training figure; 0 = --repeats"
+    )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="an existing Multi30k en-de data dir (joint 8k unigram); default: built under --out",
+    )
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
-    ap.add_argument("--checkpoint", default="", help="a trained checkpoint for generation (default: random "
-                                                     "transformer_small, output capped at source length + 2)")
-    ap.add_argument("--gen-sentences", type=int, default=200, help="test sentences per generation run")
+    ap.add_argument(
+        "--checkpoint",
+        default="",
+        help="a trained checkpoint for generation (default: random "
+        "transformer_small, output capped at source length + 2)",
+    )
+    ap.add_argument(
+        "--gen-sentences", type=int, default=200, help="test sentences per generation run"
+    )
     ap.add_argument("--beams", nargs="+", type=int, default=[1, 5])
     ap.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     ap.add_argument("--params", help=argparse.SUPPRESS)
@@ -226,48 +314,95 @@ def main() -> None:
     if args.worker:
         worker_main(args.worker, args.params, args.result)
         return
-    if (args.repeats < 1 or args.train_warmup % args.train_log_interval
-            or args.train_updates <= args.train_warmup):
-        raise SystemExit("bench: --repeats >= 1; --train-warmup: a multiple of --train-log-interval, "
-                         "below --train-updates")
+    if (
+        args.repeats < 1
+        or args.train_warmup % args.train_log_interval
+        or args.train_updates <= args.train_warmup
+    ):
+        raise SystemExit(
+            "bench: --repeats >= 1; --train-warmup: a multiple of --train-log-interval, "
+            "below --train-updates"
+        )
 
     started, load_before = time.perf_counter(), os.getloadavg()[0]
     args.out.mkdir(parents=True, exist_ok=True)
-    data = args.data.resolve() if args.data else prepare_data(args.raw.resolve(), (args.out / "data-bin").resolve())
+    data = (
+        args.data.resolve()
+        if args.data
+        else prepare_data(args.raw.resolve(), (args.out / "data-bin").resolve())
+    )
 
     def repeat(kind: str, params: dict[str, Any], label: str, times: int = 0) -> dict[str, Any]:
         runs, times = [], times or args.repeats
         for i in range(times):
             runs.append(measure(kind, params))
-            print(f"bench: {label} run {i + 1}/{times}: "
-                  + ", ".join(f"{k}={v:.4g}" for k, v in runs[-1].items() if isinstance(v, float)),
-                  file=sys.stderr, flush=True)
+            print(
+                f"bench: {label} run {i + 1}/{times}: "
+                + ", ".join(f"{k}={v:.4g}" for k, v in runs[-1].items() if isinstance(v, float)),
+                file=sys.stderr,
+                flush=True,
+            )
         return median_of(runs)
 
-    report: dict[str, Any] = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                              "machine": machine(), "load_before": load_before}
-    report["preprocess"] = repeat("preprocess", {"raw": str(args.raw.resolve()), "workers": args.preprocess_workers,
-                                                 "spm_model": str(data / "spm.model")}, "preprocess")
-    report["train"] = {prec: repeat("train", {"data": str(data), "precision": prec, "threads": args.threads,
-                                              "updates": args.train_updates, "warmup": args.train_warmup,
-                                              "log_interval": args.train_log_interval}, f"train {prec}",
-                                       args.train_repeats)
-                       for prec in args.precisions}
+    report: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "load_before": load_before,
+    }
+    report["preprocess"] = repeat(
+        "preprocess",
+        {
+            "raw": str(args.raw.resolve()),
+            "workers": args.preprocess_workers,
+            "spm_model": str(data / "spm.model"),
+        },
+        "preprocess",
+    )
+    report["train"] = {
+        prec: repeat(
+            "train",
+            {
+                "data": str(data),
+                "precision": prec,
+                "threads": args.threads,
+                "updates": args.train_updates,
+                "warmup": args.train_warmup,
+                "log_interval": args.train_log_interval,
+            },
+            f"train {prec}",
+            args.train_repeats,
+        )
+        for prec in args.precisions
+    }
     report["generate"] = {}
     for beam in args.beams:
         for use_cache in (True, False):
             name = f"beam {beam}, {'KV cache' if use_cache else 'no cache'}"
-            report["generate"][name] = repeat("generate", {
-                "checkpoint": args.checkpoint, "spm_cache": str(data / "spm.model"), "threads": args.threads,
-                "input": str(args.raw.resolve() / "test_2016_flickr.en"), "sentences": args.gen_sentences,
-                "beam": beam, "use_cache": use_cache}, f"generate {name}")
+            report["generate"][name] = repeat(
+                "generate",
+                {
+                    "checkpoint": args.checkpoint,
+                    "spm_cache": str(data / "spm.model"),
+                    "threads": args.threads,
+                    "input": str(args.raw.resolve() / "test_2016_flickr.en"),
+                    "sentences": args.gen_sentences,
+                    "beam": beam,
+                    "use_cache": use_cache,
+                },
+                f"generate {name}",
+            )
     report["load_after"] = os.getloadavg()[0]
     report["wall_s"] = time.perf_counter() - started
-    report["params"] = {"repeats": args.repeats, "train_repeats": args.train_repeats or args.repeats,
-                        "threads": args.threads, "preprocess_workers": args.preprocess_workers,
-                        "train_updates": args.train_updates, "train_warmup": args.train_warmup,
-                        "gen_sentences": args.gen_sentences,
-                        "gen_model": args.checkpoint or "random transformer_small (max_len 1.0 x src + 2)"}
+    report["params"] = {
+        "repeats": args.repeats,
+        "train_repeats": args.train_repeats or args.repeats,
+        "threads": args.threads,
+        "preprocess_workers": args.preprocess_workers,
+        "train_updates": args.train_updates,
+        "train_warmup": args.train_warmup,
+        "gen_sentences": args.gen_sentences,
+        "gen_model": args.checkpoint or "random transformer_small (max_len 1.0 x src + 2)",
+    }
     table = markdown(report)
     (args.out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "bench.md").write_text(table)

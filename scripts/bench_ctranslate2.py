@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -53,8 +53,10 @@ def timed(fn: Callable[[], int], repeat: int) -> tuple[float, float, int]:
 
 
 def line(name: str, tokens: int, wall: float, cpu: float) -> str:
-    return (f"{name:19s} {tokens / wall:8.0f} tokens/s wall ({wall:6.2f} s)  "
-            f"{tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)")
+    return (
+        f"{name:19s} {tokens / wall:8.0f} tokens/s wall ({wall:6.2f} s)  "
+        f"{tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)"
+    )
 
 
 def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
@@ -75,7 +77,9 @@ def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
     from nmt.model.transformer import Transformer
 
     yaml = Path(__file__).resolve().parents[1] / "configs" / "model" / f"transformer_{preset}.yaml"
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(yaml)))
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(yaml))
+    )
     tok = Tokenizer.from_file(spm_path)
     tok.check_special_ids(spm_path)
     torch.manual_seed(0)
@@ -87,34 +91,59 @@ def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
         norm.weight[0], norm.bias[0] = 0.0, 1.0
         weight[:, 0] = 0.0
         weight[[PAD, BOS, EOS], 0] = -100.0
-    data = {"src_lang": "src", "tgt_lang": "tgt", "src_vocab_size": tok.vocab_size,
-            "tgt_vocab_size": tok.vocab_size, "joint_vocab": True, "special_ids": dict(SPECIAL_IDS),
-            "normalization": {"nfkc": False}}
-    save_checkpoint(build_checkpoint(model_state=model.state_dict(), model_config=asdict(cfg),
-                                     data=data, src_tokenizer=tok.model_bytes,
-                                     tgt_tokenizer=tok.model_bytes), out)
+    data = {
+        "src_lang": "src",
+        "tgt_lang": "tgt",
+        "src_vocab_size": tok.vocab_size,
+        "tgt_vocab_size": tok.vocab_size,
+        "joint_vocab": True,
+        "special_ids": dict(SPECIAL_IDS),
+        "normalization": {"nfkc": False},
+    }
+    save_checkpoint(
+        build_checkpoint(
+            model_state=model.state_dict(),
+            model_config=asdict(cfg),
+            data=data,
+            src_tokenizer=tok.model_bytes,
+            tgt_tokenizer=tok.model_bytes,
+        ),
+        out,
+    )
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="nmt checkpoint (or --preset and --spm)")
-    ap.add_argument("--preset", help="benchmark a random configs/model preset (tiny, small, base, ...)")
-    ap.add_argument("--spm", help="with --preset: the SentencePiece model (nmt's ids) for both sides")
+    ap.add_argument(
+        "--preset", help="benchmark a random configs/model preset (tiny, small, base, ...)"
+    )
+    ap.add_argument(
+        "--spm", help="with --preset: the SentencePiece model (nmt's ids) for both sides"
+    )
     ap.add_argument("--input", default="data/demo/test.en", help="source text, one sentence a line")
     ap.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--lenpen", type=float, default=1.0)
-    ap.add_argument("--max-len-b", type=int, default=200,
-                    help="longest output in tokens (with --preset: every output's length)")
+    ap.add_argument(
+        "--max-len-b",
+        type=int,
+        default=200,
+        help="longest output in tokens (with --preset: every output's length)",
+    )
     ap.add_argument("--max-sentences", type=int, default=64, help="sentences per batch")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads = CTranslate2 intra_threads")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch threads = CTranslate2 intra_threads"
+    )
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per engine (best is kept)")
     ap.add_argument("--profile", action="store_true", help="also print where nmt's time goes")
     args = ap.parse_args()
     if bool(args.checkpoint) == bool(args.preset) or bool(args.preset) != bool(args.spm):
         ap.error("give --checkpoint, or --preset with --spm")
-    search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
+    search = SearchConfig(
+        beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b
+    )
     ct2 = require_ctranslate2()
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
@@ -122,13 +151,17 @@ def main() -> None:
         lines = [normalize_text(line, False) for line in f]
     lines = lines[: args.lines] if args.lines else lines
     if args.preset:
-        args.checkpoint = str(random_checkpoint(args.preset, args.spm, Path(tmp.name) / "random.pt"))
+        args.checkpoint = str(
+            random_checkpoint(args.preset, args.spm, Path(tmp.name) / "random.pt")
+        )
 
     bundle = load_for_inference(args.checkpoint, "cpu")
     tok = bundle.src_tokenizer
     if bundle.data.get("normalization", {}).get("nfkc", False):
         lines = [normalize_text(t, True) for t in lines]
-    sources = [Source(i, np.array(tok.encode(t) + [EOS], dtype=np.int64), t) for i, t in enumerate(lines)]
+    sources = [
+        Source(i, np.array(tok.encode(t) + [EOS], dtype=np.int64), t) for i, t in enumerate(lines)
+    ]
     batches = make_batches(sources, 0, args.max_sentences)
     pieces = {s.index: tok.encode_as_pieces(s.text) for s in sources}
 
@@ -146,12 +179,18 @@ def main() -> None:
     run_nmt()  # warm-up
     nmt_wall, nmt_cpu, nmt_tokens = timed(run_nmt, args.repeat)
     cfg = bundle.model_config
-    print(f"model: {args.preset or args.checkpoint}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
-          f"{cfg.embed_dim} dim, {cfg.ffn_dim} FFN, vocab {bundle.data['tgt_vocab_size']}")
-    print(f"sentences {len(sources)}, batches {len(batches)} (<= {args.max_sentences} sentences), "
-          f"beam {args.beam}, lenpen {args.lenpen}, threads {args.threads}, torch {torch.__version__}, "
-          f"ctranslate2 {ct2.__version__}")
-    print(f"output: {nmt_tokens} target tokens, {nmt_tokens / len(sources):.1f} per sentence (</s> included)")
+    print(
+        f"model: {args.preset or args.checkpoint}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
+        f"{cfg.embed_dim} dim, {cfg.ffn_dim} FFN, vocab {bundle.data['tgt_vocab_size']}"
+    )
+    print(
+        f"sentences {len(sources)}, batches {len(batches)} (<= {args.max_sentences} sentences), "
+        f"beam {args.beam}, lenpen {args.lenpen}, threads {args.threads}, torch {torch.__version__}, "
+        f"ctranslate2 {ct2.__version__}"
+    )
+    print(
+        f"output: {nmt_tokens} target tokens, {nmt_tokens / len(sources):.1f} per sentence (</s> included)"
+    )
     print(line("nmt fp32", nmt_tokens, nmt_wall, nmt_cpu))
 
     import sentencepiece as spm
@@ -161,17 +200,25 @@ def main() -> None:
         for quantization, compute_type in (("none", "float32"), ("int8", "int8")):
             out = Path(tmp.name) / quantization
             export_ctranslate2(args.checkpoint, out, quantization)
-            translator = ct2.Translator(str(out), device="cpu", compute_type=compute_type,
-                                        intra_threads=args.threads, inter_threads=1)
+            translator = ct2.Translator(
+                str(out),
+                device="cpu",
+                compute_type=compute_type,
+                intra_threads=args.threads,
+                inter_threads=1,
+            )
             ct2_out: dict[int, list[str]] = {}
 
-            def run_ct2() -> int:
+            def run_ct2(translator=translator, ct2_out=ct2_out) -> int:
                 n = 0
                 for batch in batches:
                     results = translator.translate_batch(
-                        [pieces[s.index] for s in batch], beam_size=args.beam,
-                        length_penalty=args.lenpen, max_decoding_length=args.max_len_b,
-                        max_batch_size=0)
+                        [pieces[s.index] for s in batch],
+                        beam_size=args.beam,
+                        length_penalty=args.lenpen,
+                        max_decoding_length=args.max_len_b,
+                        max_batch_size=0,
+                    )
                     for s, r in zip(batch, results):
                         ct2_out[s.index] = r.hypotheses[0]
                         n += len(r.hypotheses[0]) + 1  # + EOS, which CTranslate2 does not return
@@ -179,12 +226,15 @@ def main() -> None:
 
             run_ct2()  # warm-up
             ct2_wall, ct2_cpu, ct2_tokens = timed(run_ct2, args.repeat)
-            same = sum(ct2_out[i] == [tgt.id_to_piece(t) for t in nmt_out[i] if t != EOS]
-                       for i in nmt_out)
+            same = sum(
+                ct2_out[i] == [tgt.id_to_piece(t) for t in nmt_out[i] if t != EOS] for i in nmt_out
+            )
             print(line(f"ctranslate2 {compute_type}", ct2_tokens, ct2_wall, ct2_cpu))
-            print(f"    nmt/ctranslate2 {compute_type}: {(nmt_tokens / nmt_wall) / (ct2_tokens / ct2_wall):.2f}x "
-                  f"wall, {(nmt_tokens / nmt_cpu) / (ct2_tokens / ct2_cpu):.2f}x CPU; identical "
-                  f"translations {same}/{len(nmt_out)}")
+            print(
+                f"    nmt/ctranslate2 {compute_type}: {(nmt_tokens / nmt_wall) / (ct2_tokens / ct2_wall):.2f}x "
+                f"wall, {(nmt_tokens / nmt_cpu) / (ct2_tokens / ct2_cpu):.2f}x CPU; identical "
+                f"translations {same}/{len(nmt_out)}"
+            )
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

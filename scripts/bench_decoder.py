@@ -24,7 +24,9 @@ from nmt.model.transformer import Transformer
 
 def load_preset(name: str) -> ModelConfig:
     path = Path(__file__).resolve().parents[1] / "configs" / "model" / f"transformer_{name}.yaml"
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))
+    return OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))
+    )
 
 
 def sync(device: str) -> None:
@@ -67,7 +69,7 @@ def main() -> None:
         enc = model.encode(src).reorder(expand)
         cache = model.new_cache()
         for t in range(args.steps):
-            model.decode(tokens[:, t:t + 1], enc, cache)
+            model.decode(tokens[:, t : t + 1], enc, cache)
             if profile is not None:
                 sync(dev)
                 t0 = time.perf_counter()
@@ -105,14 +107,22 @@ def main() -> None:
         projection = time.perf_counter() - t0
 
     steps = args.steps
-    print(f"device={dev} threads={torch.get_num_threads()} preset={args.preset} vocab={args.vocab} "
-          f"rows={args.batch}x{args.beam}={rows} src_len<={args.src_len} steps={steps}")
-    print(f"cached decoder:   {cached / steps * 1e3:8.2f} ms/step  "
-          f"{rows * steps / cached:10.0f} rows*tokens/s (incl. encoder and reorder)")
-    print(f"uncached decoder: {uncached / steps * 1e3:8.2f} ms/step  "
-          f"{rows * steps / uncached:10.0f} rows*tokens/s  (cached is {uncached / cached:.1f}x faster)")
-    print(f"  of a cached step: output projection {projection / steps * 1e3:.2f} ms, "
-          f"cache reorder {profile['reorder'] / steps * 1e3:.2f} ms")
+    print(
+        f"device={dev} threads={torch.get_num_threads()} preset={args.preset} vocab={args.vocab} "
+        f"rows={args.batch}x{args.beam}={rows} src_len<={args.src_len} steps={steps}"
+    )
+    print(
+        f"cached decoder:   {cached / steps * 1e3:8.2f} ms/step  "
+        f"{rows * steps / cached:10.0f} rows*tokens/s (incl. encoder and reorder)"
+    )
+    print(
+        f"uncached decoder: {uncached / steps * 1e3:8.2f} ms/step  "
+        f"{rows * steps / uncached:10.0f} rows*tokens/s  (cached is {uncached / cached:.1f}x faster)"
+    )
+    print(
+        f"  of a cached step: output projection {projection / steps * 1e3:.2f} ms, "
+        f"cache reorder {profile['reorder'] / steps * 1e3:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

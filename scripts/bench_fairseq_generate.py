@@ -30,15 +30,35 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
-ARCH = ["--arch", "transformer", "--encoder-layers", "3", "--decoder-layers", "3",
-        "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-        "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-        "--share-all-embeddings"]
-FAIRSEQ_LINE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
-                          r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)")
-NMT_LINE = re.compile(r"translated (\d+) sentences \((\d+) target tokens\) in ([\d.]+)s: "
-                      r"([\d.]+) sentences/s, (\d+) tokens/s")
+ARCH = [
+    "--arch",
+    "transformer",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "3",
+    "--encoder-embed-dim",
+    "256",
+    "--decoder-embed-dim",
+    "256",
+    "--encoder-ffn-embed-dim",
+    "1024",
+    "--decoder-ffn-embed-dim",
+    "1024",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--share-all-embeddings",
+]
+FAIRSEQ_LINE = re.compile(
+    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s "
+    r"\(([\d.]+) sentences/s, ([\d.]+) tokens/s\)"
+)
+NMT_LINE = re.compile(
+    r"translated (\d+) sentences \((\d+) target tokens\) in ([\d.]+)s: "
+    r"([\d.]+) sentences/s, (\d+) tokens/s"
+)
 
 
 def run(cmd: list[str], env: dict, cwd: Path | None = None) -> str:
@@ -60,31 +80,102 @@ def prepare(peer: Path, work: Path, updates: int, env: dict) -> Path:
         lines = (MULTI30K / f"test_2016_flickr.{lang}").read_text(encoding="utf-8").splitlines()
         (work / f"test.sp.{lang}").write_text(
             "".join(" ".join(sp.encode(line.strip(), out_type=str)) + "\n" for line in lines),
-            encoding="utf-8")
+            encoding="utf-8",
+        )
     fs = peer / "venv" / "bin"
     if not (work / "bin" / "test.en-de.en.bin").exists():
-        run([str(fs / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-             "--trainpref", str(peer / "train.sp"), "--testpref", "test.sp", "--destdir", "bin",
-             "--joined-dictionary", "--srcdict", str(peer / "dict.txt"), "--workers", "2"], env, work)
+        run(
+            [
+                str(fs / "fairseq-preprocess"),
+                "--source-lang",
+                "en",
+                "--target-lang",
+                "de",
+                "--trainpref",
+                str(peer / "train.sp"),
+                "--testpref",
+                "test.sp",
+                "--destdir",
+                "bin",
+                "--joined-dictionary",
+                "--srcdict",
+                str(peer / "dict.txt"),
+                "--workers",
+                "2",
+            ],
+            env,
+            work,
+        )
     ckpt = work / f"ckpt_{updates}" / "checkpoint_last.pt"
     if not ckpt.exists():
-        run([str(fs / "fairseq-train"), "bin", "--cpu", *ARCH, "--source-lang", "en",
-             "--target-lang", "de", "--dropout", "0.3", "--optimizer", "adam",
-             "--adam-betas", "(0.9,0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
-             "--warmup-updates", "1000", "--criterion", "label_smoothed_cross_entropy",
-             "--label-smoothing", "0.1", "--max-tokens", "4096", "--save-dir", ckpt.parent.name,
-             "--no-epoch-checkpoints", "--disable-validation", "--max-update", str(updates),
-             "--seed", "1", "--num-workers", "0"], env, work)
-    run([sys.executable, "-c", "import sys; from nmt.cli import main; main('import_fairseq', sys.argv[1:])",
-         f"checkpoint={ckpt}", f"data_dir={work / 'bin'}", f"spm={peer / 'spm.model'}",
-         f"output={imported}", "overwrite=true"], env)
+        run(
+            [
+                str(fs / "fairseq-train"),
+                "bin",
+                "--cpu",
+                *ARCH,
+                "--source-lang",
+                "en",
+                "--target-lang",
+                "de",
+                "--dropout",
+                "0.3",
+                "--optimizer",
+                "adam",
+                "--adam-betas",
+                "(0.9,0.98)",
+                "--lr",
+                "1e-3",
+                "--lr-scheduler",
+                "inverse_sqrt",
+                "--warmup-updates",
+                "1000",
+                "--criterion",
+                "label_smoothed_cross_entropy",
+                "--label-smoothing",
+                "0.1",
+                "--max-tokens",
+                "4096",
+                "--save-dir",
+                ckpt.parent.name,
+                "--no-epoch-checkpoints",
+                "--disable-validation",
+                "--max-update",
+                str(updates),
+                "--seed",
+                "1",
+                "--num-workers",
+                "0",
+            ],
+            env,
+            work,
+        )
+    run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from nmt.cli import main; main('import_fairseq', sys.argv[1:])",
+            f"checkpoint={ckpt}",
+            f"data_dir={work / 'bin'}",
+            f"spm={peer / 'spm.model'}",
+            f"output={imported}",
+            "overwrite=true",
+        ],
+        env,
+    )
     return imported
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--peer", type=Path, default=Path("/tmp/fairseq-peer"),
-                   help="fairseq_peer.sh's work dir (venv, spm.model, dict.txt, train.sp.*)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--peer",
+        type=Path,
+        default=Path("/tmp/fairseq-peer"),
+        help="fairseq_peer.sh's work dir (venv, spm.model, dict.txt, train.sp.*)",
+    )
     p.add_argument("--work", type=Path, default=REPO / "work" / "bench" / "fairseq_generate")
     p.add_argument("--updates", type=int, default=1, help="fairseq training updates of the model")
     p.add_argument("--beam", type=int, default=5)
@@ -92,48 +183,96 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-len-a", type=float, default=1.0)
     p.add_argument("--max-len-b", type=int, default=2)
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="nmt's (fairseq: fp32)")
+    p.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="nmt's (fairseq: fp32)"
+    )
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--prepare-only", action="store_true",
-                   help="build the data, the fairseq model and its import, and stop (time later)")
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="build the data, the fairseq model and its import, and stop (time later)",
+    )
     args = p.parse_args()
     if not (args.peer / "venv" / "bin" / "fairseq-generate").exists():
-        sys.exit(f"bench_fairseq_generate: no fairseq venv in {args.peer}: run "
-                 "bash ../shared/bench/fairseq_peer.sh first")
+        sys.exit(
+            f"bench_fairseq_generate: no fairseq venv in {args.peer}: run "
+            "bash ../shared/bench/fairseq_peer.sh first"
+        )
     args.work.mkdir(parents=True, exist_ok=True)
     # fairseq 0.12 loads its own checkpoints with torch.load's old default; OMP threads as
     # asked, and passive OpenMP waits so that idle workers do not spin on a shared machine.
-    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": str(args.threads),
-           "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {
+        **os.environ,
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+        "OMP_NUM_THREADS": str(args.threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
     imported = prepare(args.peer, args.work, args.updates, env)
     if args.prepare_only:
-        print(f"prepared {args.work}: fairseq checkpoint ckpt_{args.updates}/, nmt import {imported.name}")
+        print(
+            f"prepared {args.work}: fairseq checkpoint ckpt_{args.updates}/, nmt import {imported.name}"
+        )
         return
     limits = ["--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b)]
-    fairseq_cmd = [str(args.peer / "venv" / "bin" / "fairseq-generate"), "bin", "--path",
-                   f"ckpt_{args.updates}/checkpoint_last.pt", "--gen-subset", "test", "--beam",
-                   str(args.beam), "--batch-size", str(args.batch), "--cpu", *limits]
-    nmt_cmd = [sys.executable, "-c", "import sys; from nmt.cli import main; main('generate', sys.argv[1:])",
-               f"checkpoint={imported}", f"input={MULTI30K / 'test_2016_flickr.en'}",
-               f"output={args.work / 'nmt.hyp.de'}", f"beam={args.beam}", f"max_sentences={args.batch}",
-               f"max_len_a={args.max_len_a}", f"max_len_b={args.max_len_b}", f"threads={args.threads}",
-               f"dtype={args.dtype}", "device=cpu", "progress=false"]
+    fairseq_cmd = [
+        str(args.peer / "venv" / "bin" / "fairseq-generate"),
+        "bin",
+        "--path",
+        f"ckpt_{args.updates}/checkpoint_last.pt",
+        "--gen-subset",
+        "test",
+        "--beam",
+        str(args.beam),
+        "--batch-size",
+        str(args.batch),
+        "--cpu",
+        *limits,
+    ]
+    nmt_cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from nmt.cli import main; main('generate', sys.argv[1:])",
+        f"checkpoint={imported}",
+        f"input={MULTI30K / 'test_2016_flickr.en'}",
+        f"output={args.work / 'nmt.hyp.de'}",
+        f"beam={args.beam}",
+        f"max_sentences={args.batch}",
+        f"max_len_a={args.max_len_a}",
+        f"max_len_b={args.max_len_b}",
+        f"threads={args.threads}",
+        f"dtype={args.dtype}",
+        "device=cpu",
+        "progress=false",
+    ]
     results: dict[str, list[tuple[int, int, float]]] = {"fairseq": [], "nmt": []}
     for i in range(args.repeats):
-        for name, cmd, pattern in (("fairseq", fairseq_cmd, FAIRSEQ_LINE), ("nmt", nmt_cmd, NMT_LINE)):
+        for name, cmd, pattern in (
+            ("fairseq", fairseq_cmd, FAIRSEQ_LINE),
+            ("nmt", nmt_cmd, NMT_LINE),
+        ):
             found = pattern.search(run(cmd, env, args.work))
             if not found:
                 sys.exit(f"bench_fairseq_generate: no timing line from {name}")
-            sents, tokens, secs = (int(found.group(1).replace(",", "")),
-                                   int(found.group(2).replace(",", "")), float(found.group(3)))
+            sents, tokens, secs = (
+                int(found.group(1).replace(",", "")),
+                int(found.group(2).replace(",", "")),
+                float(found.group(3)),
+            )
             results[name].append((sents, tokens, secs))
-            print(f"run {i + 1} {name:8s} {sents} sentences, {tokens} tokens in {secs:.1f} s: "
-                  f"{sents / secs:.1f} sentences/s, {tokens / secs:.0f} tokens/s", flush=True)
+            print(
+                f"run {i + 1} {name:8s} {sents} sentences, {tokens} tokens in {secs:.1f} s: "
+                f"{sents / secs:.1f} sentences/s, {tokens / secs:.0f} tokens/s",
+                flush=True,
+            )
     rate = {name: statistics.median(s / t for s, _, t in runs) for name, runs in results.items()}
-    print(f"beam {args.beam}, batch {args.batch}, {args.threads} threads, max_len {args.max_len_a} x src + "
-          f"{args.max_len_b}, nmt {args.dtype}, fairseq fp32; load average {os.getloadavg()[0]:.1f}")
-    print(f"median sentences/s: fairseq {rate['fairseq']:.1f}, nmt {rate['nmt']:.1f}: "
-          f"nmt = {rate['nmt'] / rate['fairseq']:.2f}x fairseq-generate")
+    print(
+        f"beam {args.beam}, batch {args.batch}, {args.threads} threads, max_len {args.max_len_a} x src + "
+        f"{args.max_len_b}, nmt {args.dtype}, fairseq fp32; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"median sentences/s: fairseq {rate['fairseq']:.1f}, nmt {rate['nmt']:.1f}: "
+        f"nmt = {rate['nmt'] / rate['fairseq']:.2f}x fairseq-generate"
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from paired_revision import REPO, import_both
 
 
@@ -37,21 +36,32 @@ def translator(package: str, args: argparse.Namespace):
     io = importlib.import_module(f"{package}.generation.io")
     bundle = checkpoint.load_for_inference(args.checkpoint)
     model = bundle.model
-    encoder = io.SourceEncoder(bundle.src_tokenizer, False, model.cfg.max_source_positions,
-                               "truncate", args.input)
+    encoder = io.SourceEncoder(
+        bundle.src_tokenizer, False, model.cfg.max_source_positions, "truncate", args.input
+    )
     sources = encoder.encode(list(io.read_text_lines(args.input)), 0)
-    cfg = config.GenerateConfig(beam=args.beam, max_sentences=args.batch, max_len_a=args.max_len_a,
-                                max_len_b=args.max_len_b, dtype=args.dtype)
-    translate = generate.Translator(generator.SequenceGenerator([model], cfg), cfg,
-                                    torch.device("cpu"), None)
+    cfg = config.GenerateConfig(
+        beam=args.beam,
+        max_sentences=args.batch,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        dtype=args.dtype,
+    )
+    translate = generate.Translator(
+        generator.SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None
+    )
     return translate, sources, io.make_batches(sources, cfg.max_tokens, cfg.max_sentences)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="an nmt checkpoint")
-    parser.add_argument("--before", default="HEAD", help="git revision to compare the working tree with")
-    parser.add_argument("--input", default=str(REPO.parent / "shared/data/multi30k/test_2016_flickr.en"))
+    parser.add_argument(
+        "--before", default="HEAD", help="git revision to compare the working tree with"
+    )
+    parser.add_argument(
+        "--input", default=str(REPO.parent / "shared/data/multi30k/test_2016_flickr.en")
+    )
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=2)

@@ -32,10 +32,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 def config(data: Path, dest: Path, workers: int, spm: SpmConfig) -> PreprocessConfig:
     return PreprocessConfig(
-        data=DataConfig(src="en", tgt="de", trainpref=str(data / "train"),
-                        validpref=str(data / "val"), testpref=[str(data / "test_2016_flickr")],
-                        dest=str(dest)),
-        spm=spm, workers=workers, overwrite=True)
+        data=DataConfig(
+            src="en",
+            tgt="de",
+            trainpref=str(data / "train"),
+            validpref=str(data / "val"),
+            testpref=[str(data / "test_2016_flickr")],
+            dest=str(dest),
+        ),
+        spm=spm,
+        workers=workers,
+        overwrite=True,
+    )
 
 
 def _cpu_seconds() -> float:
@@ -62,33 +70,46 @@ def main() -> None:
         model_type = ModelType(args.model_type)
         started = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
-            run(config(args.data, base / "trained", args.workers,
-                       SpmConfig(model_type=model_type, vocab_size=args.vocab_size)))
+            run(
+                config(
+                    args.data,
+                    base / "trained",
+                    args.workers,
+                    SpmConfig(model_type=model_type, vocab_size=args.vocab_size),
+                )
+            )
         train_s = time.perf_counter() - started
         model = base / "trained" / "spm.model"
         times, cpu_times = [], []
         for _ in range(args.repeats):
             started, cpu_started = time.perf_counter(), _cpu_seconds()
             with contextlib.redirect_stdout(io.StringIO()):
-                run(config(args.data, base / "timed", args.workers,
-                           SpmConfig(model=str(model))))
+                run(config(args.data, base / "timed", args.workers, SpmConfig(model=str(model))))
             times.append(time.perf_counter() - started)
             cpu_times.append(_cpu_seconds() - cpu_started)
         meta = load_meta(base / "timed")
 
     pairs = sum(s.lines for s in meta.splits.values())
     median = statistics.median(times)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or '?'}; "
-          f"load average at the end {os.getloadavg()[0]:.1f}")
-    print(f"corpus: {args.data} ({pairs} pairs over {len(meta.splits)} splits); "
-          f"SentencePiece {args.model_type} {args.vocab_size}, trained once in {train_s:.1f} s "
-          "(not timed below)")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.processor() or '?'}; "
+        f"load average at the end {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"corpus: {args.data} ({pairs} pairs over {len(meta.splits)} splits); "
+        f"SentencePiece {args.model_type} {args.vocab_size}, trained once in {train_s:.1f} s "
+        "(not timed below)"
+    )
     print(f"runs: {', '.join(f'{t:.2f}' for t in times)} s")
-    print(f"CPU time (this process and its workers): "
-          f"{', '.join(f'{t:.2f}' for t in cpu_times)} s; "
-          f"{pairs / statistics.median(cpu_times):,.0f} pairs per CPU-second")
-    print(f"encode+binarize: {pairs / median:,.0f} pairs/s "
-          f"(median of {args.repeats}, workers={args.workers})")
+    print(
+        f"CPU time (this process and its workers): "
+        f"{', '.join(f'{t:.2f}' for t in cpu_times)} s; "
+        f"{pairs / statistics.median(cpu_times):,.0f} pairs per CPU-second"
+    )
+    print(
+        f"encode+binarize: {pairs / median:,.0f} pairs/s "
+        f"(median of {args.repeats}, workers={args.workers})"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ import numpy as np
 import torch
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, seconds: float = 1.0, device: str = "cpu") -> float:
+def matmul_peak(
+    dtype: torch.dtype, n: int = 2048, seconds: float = 1.0, device: str = "cpu"
+) -> float:
     """Best-of FLOP/s of an n x n x n matmul in `dtype` (threads as currently set)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -79,15 +81,34 @@ def train_cfg(args: argparse.Namespace, precision: str, save_dir: Path, package:
     import importlib
 
     cli = importlib.import_module(f"{package}.cli")
-    overrides = [f"data={args.data}", f"save_dir={save_dir}", f"model={args.model}",
-                 "optim=adam_inverse_sqrt", "optim.lr=1e-3", "optim.warmup_updates=1000",
-                 "optim.weight_decay=0.0001", "label_smoothing=0.1", f"max_tokens={args.max_tokens}",
-                 f"precision={precision}", f"threads={args.threads}", f"device={_device(args)}", "seed=1",
-                 f"max_update={args.updates}", f"log_interval={args.log_interval}", "valid_split=''",
-                 "no_save=true", "tensorboard=false", "progress_bar=false"]
+    overrides = [
+        f"data={args.data}",
+        f"save_dir={save_dir}",
+        f"model={args.model}",
+        "optim=adam_inverse_sqrt",
+        "optim.lr=1e-3",
+        "optim.warmup_updates=1000",
+        "optim.weight_decay=0.0001",
+        "label_smoothing=0.1",
+        f"max_tokens={args.max_tokens}",
+        f"precision={precision}",
+        f"threads={args.threads}",
+        f"device={_device(args)}",
+        "seed=1",
+        f"max_update={args.updates}",
+        f"log_interval={args.log_interval}",
+        "valid_split=''",
+        "no_save=true",
+        "tensorboard=false",
+        "progress_bar=false",
+    ]
     if args.fairseq_shape:
-        overrides += ["model.share_all_embeddings=true", "model.attention_dropout=0.0",
-                      "model.activation_dropout=0.0", "model.dropout=0.3"]
+        overrides += [
+            "model.share_all_embeddings=true",
+            "model.attention_dropout=0.0",
+            "model.activation_dropout=0.0",
+            "model.dropout=0.3",
+        ]
     return cli.to_dataclass(cli.compose_config("train", overrides))
 
 
@@ -100,23 +121,40 @@ def run(args: argparse.Namespace, precision: str) -> dict:
         trainer = Trainer(cfg)
         vocab = trainer.meta.tgt_vocab_size
         data = trainer.train_data
-        batches = epoch_batches(trainer.train_indices, data.src_sizes, data.tgt_sizes,
-                                max_tokens=cfg.max_tokens, max_sentences=cfg.max_sentences,
-                                seed=cfg.seed, epoch=1)
+        batches = epoch_batches(
+            trainer.train_indices,
+            data.src_sizes,
+            data.tgt_sizes,
+            max_tokens=cfg.max_tokens,
+            max_sentences=cfg.max_sentences,
+            seed=cfg.seed,
+            epoch=1,
+        )
         if len(batches) < args.updates:
-            raise SystemExit(f"--updates {args.updates}: the first epoch has only {len(batches)} batches")
+            raise SystemExit(
+                f"--updates {args.updates}: the first epoch has only {len(batches)} batches"
+            )
         result = trainer.run()
         events = [json.loads(line) for line in (Path(tmp) / "train.jsonl").read_text().splitlines()]
     train = [e for e in events if e["type"] == "train"]
     measured = [e for e in train if e["update"] > args.warmup]
     seconds = sum(e["tokens"] / e["tok_s"] for e in measured)
     tokens = sum(e["tokens"] for e in measured)
-    first = min(e["update"] for e in measured) - args.log_interval  # updates before the measured ones
-    flops = sum(batch_flops(cfg.model, vocab, data.src_sizes[b], data.tgt_sizes[b])
-                for b in batches[first:result.num_updates])
-    return {"precision": precision, "tok_s_median": statistics.median(e["tok_s"] for e in measured),
-            "tok_s_mean": tokens / seconds, "flop_s": flops / seconds, "intervals": len(measured),
-            "losses": [(e["update"], round(e["loss"], 4)) for e in train]}
+    first = (
+        min(e["update"] for e in measured) - args.log_interval
+    )  # updates before the measured ones
+    flops = sum(
+        batch_flops(cfg.model, vocab, data.src_sizes[b], data.tgt_sizes[b])
+        for b in batches[first : result.num_updates]
+    )
+    return {
+        "precision": precision,
+        "tok_s_median": statistics.median(e["tok_s"] for e in measured),
+        "tok_s_mean": tokens / seconds,
+        "flop_s": flops / seconds,
+        "intervals": len(measured),
+        "losses": [(e["update"], round(e["loss"], 4)) for e in train],
+    }
 
 
 def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dict]:
@@ -139,17 +177,35 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
             trainers[p]._run_start = trainers[p]._interval_start = time.monotonic()  # as run() does
         first = trainers[precisions[0]]
         data = first.train_data
-        batches = epoch_batches(first.train_indices, data.src_sizes, data.tgt_sizes,
-                                max_tokens=args.max_tokens, max_sentences=0, seed=1, epoch=1)
+        batches = epoch_batches(
+            first.train_indices,
+            data.src_sizes,
+            data.tgt_sizes,
+            max_tokens=args.max_tokens,
+            max_sentences=0,
+            seed=1,
+            epoch=1,
+        )
         if len(batches) < args.updates:
-            raise SystemExit(f"--updates {args.updates}: the first epoch has only {len(batches)} batches")
+            raise SystemExit(
+                f"--updates {args.updates}: the first epoch has only {len(batches)} batches"
+            )
         intervals: dict[str, list[float]] = {p: [] for p in precisions}  # seconds per interval
         tokens, flops = [], []
         for i, start in enumerate(range(0, args.updates, args.log_interval)):
-            chunk = batches[start:start + args.log_interval]
+            chunk = batches[start : start + args.log_interval]
             tokens.append(int(sum(data.tgt_sizes[b].sum() for b in chunk)))
-            flops.append(sum(batch_flops(first.cfg.model, first.meta.tgt_vocab_size,
-                                         data.src_sizes[b], data.tgt_sizes[b]) for b in chunk))
+            flops.append(
+                sum(
+                    batch_flops(
+                        first.cfg.model,
+                        first.meta.tgt_vocab_size,
+                        data.src_sizes[b],
+                        data.tgt_sizes[b],
+                    )
+                    for b in chunk
+                )
+            )
             for p in precisions if i % 2 == 0 else reversed(precisions):  # alternate who goes first
                 set_rng_state(rngs[p])
                 begin = time.perf_counter()
@@ -158,60 +214,99 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
                 intervals[p].append(time.perf_counter() - begin)
                 trainers[p]._log_train(epoch=1)  # the interval's loss to train.jsonl
                 rngs[p] = rng_state()
-        losses = {p: [(e["update"], round(e["loss"], 4)) for e in map(
-            json.loads, (Path(tmp) / p / "train.jsonl").read_text().splitlines()) if e["type"] == "train"]
-            for p in precisions}
+        losses = {
+            p: [
+                (e["update"], round(e["loss"], 4))
+                for e in map(json.loads, (Path(tmp) / p / "train.jsonl").read_text().splitlines())
+                if e["type"] == "train"
+            ]
+            for p in precisions
+        }
     skip = args.warmup // args.log_interval
     results = []
     for p in precisions:
         secs = intervals[p][skip:]
-        results.append({"precision": p, "tok_s_mean": sum(tokens[skip:]) / sum(secs),
-                        "tok_s_median": statistics.median(t / s for t, s in zip(tokens[skip:], secs)),
-                        "flop_s": sum(flops[skip:]) / sum(secs), "intervals": len(secs),
-                        "losses": losses[p]})
+        results.append(
+            {
+                "precision": p,
+                "tok_s_mean": sum(tokens[skip:]) / sum(secs),
+                "tok_s_median": statistics.median(t / s for t, s in zip(tokens[skip:], secs)),
+                "flop_s": sum(flops[skip:]) / sum(secs),
+                "intervals": len(secs),
+                "losses": losses[p],
+            }
+        )
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="data dir from nmt-preprocess (Multi30k, 8k joint vocab)")
+    parser.add_argument(
+        "--data", required=True, help="data dir from nmt-preprocess (Multi30k, 8k joint vocab)"
+    )
     parser.add_argument("--model", default="transformer_small", help="configs/model preset")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--updates", type=int, default=80, help="updates per precision")
     parser.add_argument("--warmup", type=int, default=20, help="updates not measured (warm-up)")
-    parser.add_argument("--log-interval", type=int, default=10, help="updates per measured interval")
+    parser.add_argument(
+        "--log-interval", type=int, default=10, help="updates per measured interval"
+    )
     parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="fp32 bf16 fp16 (fp16: CUDA)")
+    parser.add_argument(
+        "--precisions", nargs="+", default=["fp32", "bf16"], help="fp32 bf16 fp16 (fp16: CUDA)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU run")
-    parser.add_argument("--no-fairseq-shape", dest="fairseq_shape", action="store_false",
-                        help="use the preset as is (default: the fairseq peer script's settings)")
-    parser.add_argument("--sequential", dest="interleave", action="store_false",
-                        help="run the precisions one after the other through Trainer.run (default: "
-                             "in turns, one interval each, so that the machine's drift cannot skew "
-                             "their ratio)")
+    parser.add_argument(
+        "--no-fairseq-shape",
+        dest="fairseq_shape",
+        action="store_false",
+        help="use the preset as is (default: the fairseq peer script's settings)",
+    )
+    parser.add_argument(
+        "--sequential",
+        dest="interleave",
+        action="store_false",
+        help="run the precisions one after the other through Trainer.run (default: "
+        "in turns, one interval each, so that the machine's drift cannot skew "
+        "their ratio)",
+    )
     args = parser.parse_args()
     if args.warmup % args.log_interval:
         raise SystemExit("--warmup must be a multiple of --log-interval")
 
     torch.set_num_threads(args.threads)
-    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{args.threads} threads"
-    print(f"# torch {torch.__version__}, {where}, load average {os.getloadavg()[0]:.2f} "
-          f"(the machine is shared: other jobs lower these figures)")
+    where = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"{args.threads} threads"
+    )
+    print(
+        f"# torch {torch.__version__}, {where}, load average {os.getloadavg()[0]:.2f} "
+        f"(the machine is shared: other jobs lower these figures)"
+    )
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    peaks = {p: matmul_peak(dtypes[p], device=args.device) for p in dict.fromkeys(["fp32", *args.precisions])}
+    peaks = {
+        p: matmul_peak(dtypes[p], device=args.device)
+        for p in dict.fromkeys(["fp32", *args.precisions])
+    }
     for name, value in peaks.items():
         print(f"matmul peak {name}: {value / 1e9:8.1f} GFLOP/s (2048^3, best of 1 s)")
-    results = (run_interleaved(args, args.precisions) if args.interleave
-               else [run(args, p) for p in args.precisions])
+    results = (
+        run_interleaved(args, args.precisions)
+        if args.interleave
+        else [run(args, p) for p in args.precisions]
+    )
     base = results[0]["tok_s_mean"]
     for r in results:
         peak = peaks[r["precision"]]
-        print(f"{args.model} {r['precision']}: {r['tok_s_mean']:7.0f} target tok/s (median of "
-              f"{r['intervals']} intervals {r['tok_s_median']:.0f}), {r['flop_s'] / 1e9:6.1f} model GFLOP/s "
-              f"= {100 * r['flop_s'] / peak:4.1f}% of the {r['precision']} matmul peak, "
-              f"{r['tok_s_mean'] / base:.2f}x {results[0]['precision']}")
+        print(
+            f"{args.model} {r['precision']}: {r['tok_s_mean']:7.0f} target tok/s (median of "
+            f"{r['intervals']} intervals {r['tok_s_median']:.0f}), {r['flop_s'] / 1e9:6.1f} model GFLOP/s "
+            f"= {100 * r['flop_s'] / peak:4.1f}% of the {r['precision']} matmul peak, "
+            f"{r['tok_s_mean'] / base:.2f}x {results[0]['precision']}"
+        )
     for r in results:
-        print(f"loss curve {r['precision']}: " + " ".join(f"{u}:{l}" for u, l in r["losses"]))
+        print(f"loss curve {r['precision']}: " + " ".join(f"{u}:{loss}" for u, loss in r["losses"]))
     print(f"# load average at the end {os.getloadavg()[0]:.2f}")
 
 

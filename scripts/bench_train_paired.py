@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from paired_revision import import_both
 
 
@@ -36,14 +35,19 @@ def make_trainer(package: str, precision: str, args: argparse.Namespace):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="data dir from nmt-preprocess")
-    parser.add_argument("--before", default="HEAD",
-                        help="git revision to compare the working tree with; 'none': only the "
-                             "working tree, its precisions interleaved (a drift-free bf16/fp32)")
+    parser.add_argument(
+        "--before",
+        default="HEAD",
+        help="git revision to compare the working tree with; 'none': only the "
+        "working tree, its precisions interleaved (a drift-free bf16/fp32)",
+    )
     parser.add_argument("--model", default="transformer_small")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--warmup", type=int, default=10, help="updates per trainer before measuring")
+    parser.add_argument(
+        "--warmup", type=int, default=10, help="updates per trainer before measuring"
+    )
     parser.add_argument("--chunk", type=int, default=5, help="updates per turn")
     parser.add_argument("--rounds", type=int, default=8, help="turns per trainer")
     args = parser.parse_args()
@@ -60,19 +64,26 @@ def main() -> None:
     trainers = {key: make_trainer(*key, args) for key in keys}
     first = trainers[keys[0]]
     data = first.train_data
-    batches = epoch_batches(first.train_indices, data.src_sizes, data.tgt_sizes,
-                            max_tokens=args.max_tokens, max_sentences=0, seed=1, epoch=1)
+    batches = epoch_batches(
+        first.train_indices,
+        data.src_sizes,
+        data.tgt_sizes,
+        max_tokens=args.max_tokens,
+        max_sentences=0,
+        seed=1,
+        epoch=1,
+    )
     needed = args.warmup + args.chunk * args.rounds
     if len(batches) < needed:
         raise SystemExit(f"the first epoch has {len(batches)} batches; this run needs {needed}")
     for trainer in trainers.values():
-        for batch in batches[:args.warmup]:
+        for batch in batches[: args.warmup]:
             trainer._train_step([batch])
     seconds = dict.fromkeys(keys, 0.0)
     tokens = 0
     for turn in range(args.rounds):
         start = args.warmup + turn * args.chunk
-        chunk = batches[start:start + args.chunk]
+        chunk = batches[start : start + args.chunk]
         tokens += sum(int(data.tgt_sizes[b].sum()) for b in chunk)
         for key in keys if turn % 2 == 0 else reversed(keys):  # alternate who goes first
             begin = time.perf_counter()
@@ -87,8 +98,10 @@ def main() -> None:
         print(f"{p}: after/before {rate[('nmt', p)] / rate[('nmt_before', p)]:.3f}")
     for version in versions:
         for p in args.precisions[1:]:
-            print(f"{label[version]}: {p}/{args.precisions[0]} "
-                  f"{rate[(version, p)] / rate[(version, args.precisions[0])]:.2f}")
+            print(
+                f"{label[version]}: {p}/{args.precisions[0]} "
+                f"{rate[(version, p)] / rate[(version, args.precisions[0])]:.2f}"
+            )
 
 
 if __name__ == "__main__":

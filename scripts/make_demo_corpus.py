@@ -30,16 +30,63 @@ from pathlib import Path
 # ("einundzwanzig", "einhunderttausend" is written "hunderteintausend").
 # ---------------------------------------------------------------------------------------
 
-EN_ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-           "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
-           "seventeen", "eighteen", "nineteen"]
-EN_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty",
-           "ninety"]
-DE_ONES = ["null", "eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun",
-           "zehn", "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn",
-           "siebzehn", "achtzehn", "neunzehn"]
-DE_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig",
-           "achtzig", "neunzig"]
+EN_ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+EN_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+DE_ONES = [
+    "null",
+    "eins",
+    "zwei",
+    "drei",
+    "vier",
+    "fünf",
+    "sechs",
+    "sieben",
+    "acht",
+    "neun",
+    "zehn",
+    "elf",
+    "zwölf",
+    "dreizehn",
+    "vierzehn",
+    "fünfzehn",
+    "sechzehn",
+    "siebzehn",
+    "achtzehn",
+    "neunzehn",
+]
+DE_TENS = [
+    "",
+    "",
+    "zwanzig",
+    "dreißig",
+    "vierzig",
+    "fünfzig",
+    "sechzig",
+    "siebzig",
+    "achtzig",
+    "neunzig",
+]
 
 
 def english_number(n: int) -> str:
@@ -94,39 +141,83 @@ def german_number(n: int) -> str:
 
 # English plural -> German plural (capitalised noun)
 NOUNS = {
-    "books": "Bücher", "chairs": "Stühle", "tables": "Tische", "lamps": "Lampen",
-    "apples": "Äpfel", "cars": "Autos", "houses": "Häuser", "bottles": "Flaschen",
-    "keys": "Schlüssel", "windows": "Fenster", "doors": "Türen", "boxes": "Kisten",
-    "cups": "Tassen", "pens": "Stifte", "shoes": "Schuhe", "flowers": "Blumen",
-    "bicycles": "Fahrräder", "glasses": "Gläser", "stones": "Steine", "letters": "Briefe",
+    "books": "Bücher",
+    "chairs": "Stühle",
+    "tables": "Tische",
+    "lamps": "Lampen",
+    "apples": "Äpfel",
+    "cars": "Autos",
+    "houses": "Häuser",
+    "bottles": "Flaschen",
+    "keys": "Schlüssel",
+    "windows": "Fenster",
+    "doors": "Türen",
+    "boxes": "Kisten",
+    "cups": "Tassen",
+    "pens": "Stifte",
+    "shoes": "Schuhe",
+    "flowers": "Blumen",
+    "bicycles": "Fahrräder",
+    "glasses": "Gläser",
+    "stones": "Steine",
+    "letters": "Briefe",
 }
 
 # English compound (two words) -> German compound (one word)
 COMPOUNDS = {
-    "kitchen tables": "Küchentische", "kitchen chairs": "Küchenstühle",
-    "kitchen windows": "Küchenfenster", "kitchen lamps": "Küchenlampen",
-    "garden chairs": "Gartenstühle", "garden tables": "Gartentische",
-    "garden doors": "Gartentüren", "garden flowers": "Gartenblumen",
-    "house doors": "Haustüren", "house keys": "Hausschlüssel",
-    "car keys": "Autoschlüssel", "car doors": "Autotüren", "car windows": "Autofenster",
-    "door keys": "Türschlüssel", "office chairs": "Bürostühle", "office lamps": "Bürolampen",
-    "school books": "Schulbücher", "coffee cups": "Kaffeetassen", "tea cups": "Teetassen",
-    "water bottles": "Wasserflaschen", "wine bottles": "Weinflaschen",
-    "wine glasses": "Weingläser", "water glasses": "Wassergläser",
-    "shoe boxes": "Schuhkisten", "tool boxes": "Werkzeugkisten", "apple boxes": "Apfelkisten",
+    "kitchen tables": "Küchentische",
+    "kitchen chairs": "Küchenstühle",
+    "kitchen windows": "Küchenfenster",
+    "kitchen lamps": "Küchenlampen",
+    "garden chairs": "Gartenstühle",
+    "garden tables": "Gartentische",
+    "garden doors": "Gartentüren",
+    "garden flowers": "Gartenblumen",
+    "house doors": "Haustüren",
+    "house keys": "Hausschlüssel",
+    "car keys": "Autoschlüssel",
+    "car doors": "Autotüren",
+    "car windows": "Autofenster",
+    "door keys": "Türschlüssel",
+    "office chairs": "Bürostühle",
+    "office lamps": "Bürolampen",
+    "school books": "Schulbücher",
+    "coffee cups": "Kaffeetassen",
+    "tea cups": "Teetassen",
+    "water bottles": "Wasserflaschen",
+    "wine bottles": "Weinflaschen",
+    "wine glasses": "Weingläser",
+    "water glasses": "Wassergläser",
+    "shoe boxes": "Schuhkisten",
+    "tool boxes": "Werkzeugkisten",
+    "apple boxes": "Apfelkisten",
 }
 
 # English -> German adjective stem (strong plural ending -e is added)
 ADJECTIVES = {
-    "red": "rot", "blue": "blau", "green": "grün", "old": "alt", "new": "neu",
-    "small": "klein", "big": "groß", "cheap": "billig", "heavy": "schwer", "white": "weiß",
+    "red": "rot",
+    "blue": "blau",
+    "green": "grün",
+    "old": "alt",
+    "new": "neu",
+    "small": "klein",
+    "big": "groß",
+    "cheap": "billig",
+    "heavy": "schwer",
+    "white": "weiß",
 }
 
 # Subjects: English, German, person key for conjugation, English third person singular?
 SUBJECTS = [
-    ("I", "ich", "1s", False), ("you", "du", "2s", False), ("he", "er", "3s", True),
-    ("she", "sie", "3s", True), ("we", "wir", "1p", False), ("they", "sie", "3p", False),
-    ("Anna", "Anna", "3s", True), ("Tom", "Tom", "3s", True), ("Lena", "Lena", "3s", True),
+    ("I", "ich", "1s", False),
+    ("you", "du", "2s", False),
+    ("he", "er", "3s", True),
+    ("she", "sie", "3s", True),
+    ("we", "wir", "1p", False),
+    ("they", "sie", "3p", False),
+    ("Anna", "Anna", "3s", True),
+    ("Tom", "Tom", "3s", True),
+    ("Lena", "Lena", "3s", True),
     ("Max", "Max", "3s", True),
 ]
 
@@ -151,13 +242,21 @@ HABEN = {"1s": "habe", "2s": "hast", "3s": "hat", "1p": "haben", "3p": "haben"}
 WOLLEN = {"1s": "will", "2s": "willst", "3s": "will", "1p": "wollen", "3p": "wollen"}
 SAY_VERBS = [  # English base, English 3sg, German conjugation by person
     ("say", "says", {"1s": "sage", "2s": "sagst", "3s": "sagt", "1p": "sagen", "3p": "sagen"}),
-    ("think", "thinks",
-     {"1s": "denke", "2s": "denkst", "3s": "denkt", "1p": "denken", "3p": "denken"}),
-    ("know", "knows",
-     {"1s": "weiß", "2s": "weißt", "3s": "weiß", "1p": "wissen", "3p": "wissen"}),
+    (
+        "think",
+        "thinks",
+        {"1s": "denke", "2s": "denkst", "3s": "denkt", "1p": "denken", "3p": "denken"},
+    ),
+    ("know", "knows", {"1s": "weiß", "2s": "weißt", "3s": "weiß", "1p": "wissen", "3p": "wissen"}),
 ]
-TIME_ADVERBS = {"today": "heute", "tomorrow": "morgen", "now": "jetzt", "every day": "jeden Tag",
-                "on Monday": "am Montag", "on Friday": "am Freitag"}
+TIME_ADVERBS = {
+    "today": "heute",
+    "tomorrow": "morgen",
+    "now": "jetzt",
+    "every day": "jeden Tag",
+    "on Monday": "am Montag",
+    "on Friday": "am Freitag",
+}
 
 
 def present(stem: str, person: str) -> str:
@@ -202,8 +301,9 @@ class Generator:
 
     def pair(self) -> tuple[str, str]:
         rng = self.rng
-        kind = rng.choices(["perfect", "modal", "that", "time", "present", "number"],
-                           weights=[4, 3, 3, 3, 2, 1])[0]
+        kind = rng.choices(
+            ["perfect", "modal", "that", "time", "present", "number"], weights=[4, 3, 3, 3, 2, 1]
+        )[0]
         if kind == "perfect":  # participle goes last
             subj_en, subj_de, person, _ = self.subject()
             _, _, past, _, participle = rng.choice(VERBS)
@@ -268,10 +368,20 @@ def write_corpus(out: Path, splits: dict[str, list[tuple[str, str]]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent
-                        / "data" / "demo", help="output folder (default: data/demo)")
-    parser.add_argument("--train", "--size", type=int, default=10000, dest="train",
-                        help="training pairs (default 10000)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "data" / "demo",
+        help="output folder (default: data/demo)",
+    )
+    parser.add_argument(
+        "--train",
+        "--size",
+        type=int,
+        default=10000,
+        dest="train",
+        help="training pairs (default 10000)",
+    )
     parser.add_argument("--valid", type=int, default=500, help="validation pairs (default 500)")
     parser.add_argument("--test", type=int, default=500, help="test pairs (default 500)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")

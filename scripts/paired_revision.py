@@ -20,11 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def export_revision(rev: str, dest: Path) -> None:
     """Write nmt/ and configs/ of `rev` under dest, with nmt renamed to nmt_before."""
-    done = subprocess.run(["git", "-C", str(REPO), "archive", rev, "nmt", "configs"],
-                          capture_output=True)
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "nmt", "configs"], capture_output=True
+    )
     if done.returncode != 0:
-        sys.exit(f"--before {rev}: not a revision of this repository "
-                 f"({done.stderr.decode(errors='replace').strip().splitlines()[-1]})")
+        sys.exit(
+            f"--before {rev}: not a revision of this repository "
+            f"({done.stderr.decode(errors='replace').strip().splitlines()[-1]})"
+        )
     archive = done.stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")

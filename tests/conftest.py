@@ -9,8 +9,8 @@ that run nmt-preprocess themselves.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -37,10 +37,15 @@ def demo_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from nmt.commands.preprocess import run
 
     dest = tmp_path_factory.mktemp("demo-data") / "demo"
-    cfg = compose_preprocess([f"data.trainpref={DEMO_CORPUS / 'train'}",
-                              f"data.validpref={DEMO_CORPUS / 'valid'}",
-                              f"data.testpref=[{DEMO_CORPUS / 'test'}]",
-                              f"data.dest={dest}", "workers=1"])
+    cfg = compose_preprocess(
+        [
+            f"data.trainpref={DEMO_CORPUS / 'train'}",
+            f"data.validpref={DEMO_CORPUS / 'valid'}",
+            f"data.testpref=[{DEMO_CORPUS / 'test'}]",
+            f"data.dest={dest}",
+            "workers=1",
+        ]
+    )
     run(cfg)
     return dest
 
@@ -67,12 +72,16 @@ def preprocess_config(small_corpus: Path, tmp_path: Path) -> Callable[..., objec
     """
 
     def make(*overrides: str):
-        base = [f"data.trainpref={small_corpus / 'train'}",
-                f"data.validpref={small_corpus / 'valid'}",
-                f"data.testpref=[{small_corpus / 'test'}]",
-                f"data.dest={tmp_path / 'out'}",
-                "spm.vocab_size=200", "spm.byte_fallback=false", "spm.num_threads=1",
-                "workers=1"]
+        base = [
+            f"data.trainpref={small_corpus / 'train'}",
+            f"data.validpref={small_corpus / 'valid'}",
+            f"data.testpref=[{small_corpus / 'test'}]",
+            f"data.dest={tmp_path / 'out'}",
+            "spm.vocab_size=200",
+            "spm.byte_fallback=false",
+            "spm.num_threads=1",
+            "workers=1",
+        ]
         return compose_preprocess(base + list(overrides))
 
     return make
@@ -108,7 +117,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
 
 
 @pytest.fixture

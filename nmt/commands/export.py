@@ -23,5 +23,8 @@ def run(cfg: ExportConfig) -> None:
     if not cfg.output_dir:
         raise NmtError("output_dir: no output directory given; pass output_dir=DIR")
     info = export_ctranslate2(cfg.checkpoint, cfg.output_dir, cfg.quantization, cfg.overwrite)
-    print(f"wrote CTranslate2 model {cfg.output_dir} ({info['src_lang']}->{info['tgt_lang']}, "
-          f"quantization {cfg.quantization}) from {cfg.checkpoint}", file=sys.stderr)
+    print(
+        f"wrote CTranslate2 model {cfg.output_dir} ({info['src_lang']}->{info['tgt_lang']}, "
+        f"quantization {cfg.quantization}) from {cfg.checkpoint}",
+        file=sys.stderr,
+    )

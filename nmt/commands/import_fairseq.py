@@ -24,8 +24,10 @@ def _spm_paths(cfg: ImportFairseqConfig) -> tuple[Path, Path]:
         return Path(cfg.spm), Path(cfg.spm)
     if cfg.src_spm and cfg.tgt_spm:
         return Path(cfg.src_spm), Path(cfg.tgt_spm)
-    raise NmtError("spm: the SentencePiece model the fairseq data was encoded with is needed; "
-                   "pass spm=PATH.model (or src_spm= and tgt_spm=)")
+    raise NmtError(
+        "spm: the SentencePiece model the fairseq data was encoded with is needed; "
+        "pass spm=PATH.model (or src_spm= and tgt_spm=)"
+    )
 
 
 def run(cfg: ImportFairseqConfig) -> None:
@@ -33,12 +35,16 @@ def run(cfg: ImportFairseqConfig) -> None:
     from nmt.interop.fairseq_import import import_fairseq, read_fairseq_checkpoint
 
     if not cfg.checkpoint:
-        raise NmtError("checkpoint: no fairseq checkpoint given; pass checkpoint=PATH/checkpoint_best.pt")
+        raise NmtError(
+            "checkpoint: no fairseq checkpoint given; pass checkpoint=PATH/checkpoint_best.pt"
+        )
     if not cfg.output:
         raise NmtError("output: no output file given; pass output=PATH.pt")
     output = Path(cfg.output)
     if output.exists() and not cfg.overwrite:
-        raise NmtError(f"output: {output} already exists; choose another path or pass overwrite=true")
+        raise NmtError(
+            f"output: {output} already exists; choose another path or pass overwrite=true"
+        )
     src_spm, tgt_spm = _spm_paths(cfg)
 
     ckpt = read_fairseq_checkpoint(cfg.checkpoint)
@@ -48,15 +54,21 @@ def run(cfg: ImportFairseqConfig) -> None:
     dicts = []
     for key, given, lang in (("src", cfg.src_dict, src_lang), ("tgt", cfg.tgt_dict, tgt_lang)):
         if not given and not lang:
-            raise NmtError(f"{key}_lang: the checkpoint does not name its languages; pass "
-                           f"{key}_lang= (or {key}_dict=PATH/dict.<lang>.txt)")
+            raise NmtError(
+                f"{key}_lang: the checkpoint does not name its languages; pass "
+                f"{key}_lang= (or {key}_dict=PATH/dict.<lang>.txt)"
+            )
         dicts.append(Path(given) if given else data_dir / f"dict.{lang}.txt")
 
-    nmt_ckpt, report = import_fairseq(ckpt, dicts[0], dicts[1], src_spm, tgt_spm,
-                                      src_lang=src_lang, tgt_lang=tgt_lang)
+    nmt_ckpt, report = import_fairseq(
+        ckpt, dicts[0], dicts[1], src_spm, tgt_spm, src_lang=src_lang, tgt_lang=tgt_lang
+    )
     save_checkpoint(nmt_ckpt, output)
     for line in report.lines():
         print(line, file=sys.stderr)
     data = nmt_ckpt["data"]
-    print(f"wrote {output} ({data['src_lang']}->{data['tgt_lang']}); translate with "
-          f"nmt-generate checkpoint={output}", file=sys.stderr)
+    print(
+        f"wrote {output} ({data['src_lang']}->{data['tgt_lang']}); translate with "
+        f"nmt-generate checkpoint={output}",
+        file=sys.stderr,
+    )

@@ -31,24 +31,31 @@ def _check(cfg: ScoreConfig) -> None:
     if cfg.confidence and cfg.confidence_n < 2:
         raise NmtError("confidence_n: needs at least 2 bootstrap resamples")
     if cfg.paired_test not in ("bs", "ar"):
-        raise NmtError(f"paired_test: {cfg.paired_test!r}; use bs (bootstrap) or ar (approximate randomization)")
+        raise NmtError(
+            f"paired_test: {cfg.paired_test!r}; use bs (bootstrap) or ar (approximate randomization)"
+        )
     if cfg.width < 0:
         raise NmtError("width: must be >= 0")
 
 
-def _paired_text(results: list[PairedResult], baseline: str, hyp: str, test: str, width: int) -> list[str]:
+def _paired_text(
+    results: list[PairedResult], baseline: str, hyp: str, test: str, width: int
+) -> list[str]:
     name = "paired bootstrap resampling" if test == "bs" else "approximate randomization"
     lines = []
     for r in results:
+
         def ci(mean: float | None, half: float | None) -> str:
             return "" if mean is None else f" (μ = {mean:.{width}f} ± {half:.{width}f})"
 
         verdict = "significant" if r.p_value < 0.05 else "not significant"
-        lines += [f"{name}: {r.metric}|{r.signature}",
-                  f"  baseline {baseline}: {r.metric} = {r.baseline_score:.{width}f}"
-                  f"{ci(r.baseline_mean, r.baseline_ci)}",
-                  f"  system   {hyp}: {r.metric} = {r.system_score:.{width}f}"
-                  f"{ci(r.system_mean, r.system_ci)} p = {r.p_value:.4f} ({verdict} at p < 0.05)"]
+        lines += [
+            f"{name}: {r.metric}|{r.signature}",
+            f"  baseline {baseline}: {r.metric} = {r.baseline_score:.{width}f}"
+            f"{ci(r.baseline_mean, r.baseline_ci)}",
+            f"  system   {hyp}: {r.metric} = {r.system_score:.{width}f}"
+            f"{ci(r.system_mean, r.system_ci)} p = {r.p_value:.4f} ({verdict} at p < 0.05)",
+        ]
     return lines
 
 
@@ -58,34 +65,53 @@ def run(cfg: ScoreConfig) -> None:
     ref_paths = as_path_list(cfg.refs, "refs")
     refs = read_references(ref_paths, len(hyps), cfg.hyp)
     metrics = build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter)
-    results = corpus_scores(hyps, refs, metrics,
-                            n_bootstrap=cfg.confidence_n if cfg.confidence else 1, width=cfg.width)
+    results = corpus_scores(
+        hyps, refs, metrics, n_bootstrap=cfg.confidence_n if cfg.confidence else 1, width=cfg.width
+    )
 
     sentences: list[dict[str, Any]] = []
     if cfg.sentence_level:
         # Sentence BLEU uses effective order (as sacrebleu's CLI); the corpus score above does not.
         per_metric = build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter, sentence_level=True)
-        columns = {r.name: sentence_scores(hyps, refs, m) for r, m in zip(results, per_metric.values())}
-        sentences = [{"line": i + 1, **{k: v[i] for k, v in columns.items()}} for i in range(len(hyps))]
+        columns = {
+            r.name: sentence_scores(hyps, refs, m) for r, m in zip(results, per_metric.values())
+        }
+        sentences = [
+            {"line": i + 1, **{k: v[i] for k, v in columns.items()}} for i in range(len(hyps))
+        ]
 
     paired: list[PairedResult] = []
     if cfg.baseline:
         base_hyps = read_hypotheses(cfg.baseline, "baseline")
         if len(base_hyps) != len(hyps):
-            raise NmtError(f"baseline {cfg.baseline}: {len(base_hyps)} lines, but hypothesis "
-                           f"{cfg.hyp} has {len(hyps)}; both systems must translate the same input")
-        paired = paired_test((cfg.baseline, base_hyps), (cfg.hyp, hyps), refs,
-                             build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter),
-                             test_type=cfg.paired_test, n_samples=cfg.paired_n)
+            raise NmtError(
+                f"baseline {cfg.baseline}: {len(base_hyps)} lines, but hypothesis "
+                f"{cfg.hyp} has {len(hyps)}; both systems must translate the same input"
+            )
+        paired = paired_test(
+            (cfg.baseline, base_hyps),
+            (cfg.hyp, hyps),
+            refs,
+            build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter),
+            test_type=cfg.paired_test,
+            n_samples=cfg.paired_n,
+        )
 
     if cfg.format == "json":
-        out: dict[str, Any] = {"hyp": cfg.hyp, "refs": ref_paths, "lines": len(hyps),
-                               "scores": [asdict(r) for r in results]}
+        out: dict[str, Any] = {
+            "hyp": cfg.hyp,
+            "refs": ref_paths,
+            "lines": len(hyps),
+            "scores": [asdict(r) for r in results],
+        }
         if cfg.sentence_level:
             out["sentences"] = sentences
         if cfg.baseline:
-            out["paired_test"] = {"type": cfg.paired_test, "baseline": cfg.baseline,
-                                  "results": [asdict(p) for p in paired]}
+            out["paired_test"] = {
+                "type": cfg.paired_test,
+                "baseline": cfg.baseline,
+                "results": [asdict(p) for p in paired],
+            }
         print(json.dumps(out, indent=1, ensure_ascii=False))
         return
     if cfg.sentence_level:

@@ -17,6 +17,9 @@ def run(cfg: TrainConfig) -> None:
 
     result = Trainer(cfg).run()
     if result.stop_reason == "signal" and result.signal:
-        print(f"nmt-train: interrupted at update {result.num_updates}; {cfg.save_dir}/checkpoint_last.pt "
-              "is saved: run the same command to resume", file=sys.stderr)
+        print(
+            f"nmt-train: interrupted at update {result.num_updates}; {cfg.save_dir}/checkpoint_last.pt "
+            "is saved: run the same command to resume",
+            file=sys.stderr,
+        )
         sys.exit(128 + result.signal)

@@ -23,17 +23,28 @@ class SizeFilter:
     over_budget: int  # pairs whose own cost exceeds max_tokens
 
 
-def filter_by_size(src_sizes: np.ndarray, tgt_sizes: np.ndarray, *, max_source_positions: int,
-                   max_target_positions: int, max_tokens: int) -> SizeFilter:
+def filter_by_size(
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    *,
+    max_source_positions: int,
+    max_target_positions: int,
+    max_tokens: int,
+) -> SizeFilter:
     """Drop pairs the model cannot embed, or that alone exceed the token budget."""
     fits_model = (src_sizes <= max_source_positions) & (tgt_sizes <= max_target_positions)
     fits_budget = np.maximum(src_sizes, tgt_sizes) <= max_tokens
     kept = np.flatnonzero(fits_model & fits_budget).astype(np.int64)
-    return SizeFilter(kept=kept, too_long=int((~fits_model).sum()),
-                      over_budget=int((fits_model & ~fits_budget).sum()))
+    return SizeFilter(
+        kept=kept,
+        too_long=int((~fits_model).sum()),
+        over_budget=int((fits_model & ~fits_budget).sum()),
+    )
 
 
-def pack(order: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
+def pack(
+    order: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_sentences: int = 0
+) -> list[np.ndarray]:
     """Greedily cut `order` (indices sorted by length) into batches within the budget.
 
     `lengths[i]` is the longer side of pair i. A pair longer than max_tokens still gets a
@@ -56,8 +67,12 @@ def pack(order: np.ndarray, lengths: np.ndarray, *, max_tokens: int, max_sentenc
     return batches
 
 
-def length_sorted(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndarray,
-                  rng: np.random.Generator | None = None) -> np.ndarray:
+def length_sorted(
+    indices: np.ndarray,
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
     """`indices` sorted by longer side, then target, then source length.
 
     With `rng`, ties are broken randomly (the buckets change composition every epoch).
@@ -69,22 +84,38 @@ def length_sorted(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndar
     return indices[np.lexsort((src, tgt, np.maximum(src, tgt)))]
 
 
-def epoch_batches(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndarray, *,
-                  max_tokens: int, max_sentences: int, seed: int, epoch: int) -> list[np.ndarray]:
+def epoch_batches(
+    indices: np.ndarray,
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    *,
+    max_tokens: int,
+    max_sentences: int,
+    seed: int,
+    epoch: int,
+) -> list[np.ndarray]:
     """The training batch list of `epoch`: a pure function of (sizes, seed, epoch)."""
     rng = np.random.default_rng([seed, epoch])
     order = length_sorted(indices, src_sizes, tgt_sizes, rng)
-    batches = pack(order, np.maximum(src_sizes, tgt_sizes), max_tokens=max_tokens,
-                   max_sentences=max_sentences)
+    batches = pack(
+        order, np.maximum(src_sizes, tgt_sizes), max_tokens=max_tokens, max_sentences=max_sentences
+    )
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def fixed_batches(indices: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndarray, *,
-                  max_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
+def fixed_batches(
+    indices: np.ndarray,
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    *,
+    max_tokens: int,
+    max_sentences: int = 0,
+) -> list[np.ndarray]:
     """Validation batches: length-sorted, no shuffling."""
     order = length_sorted(indices, src_sizes, tgt_sizes)
-    return pack(order, np.maximum(src_sizes, tgt_sizes), max_tokens=max_tokens,
-                max_sentences=max_sentences)
+    return pack(
+        order, np.maximum(src_sizes, tgt_sizes), max_tokens=max_tokens, max_sentences=max_sentences
+    )
 
 
 def rank_share(group: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray | None]:

@@ -15,11 +15,11 @@ import itertools
 import multiprocessing
 import os
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -52,8 +52,10 @@ class TokenArray:
         if n_tokens == 0:
             self._bin: np.ndarray = np.zeros(0, dtype=np.uint16)
         elif bin_bytes % n_tokens or bin_bytes // n_tokens not in (2, 4):
-            raise NmtError(f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens "
-                           f"{idx_path.name} describes; rebuild the data dir with nmt-preprocess")
+            raise NmtError(
+                f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens "
+                f"{idx_path.name} describes; rebuild the data dir with nmt-preprocess"
+            )
         else:
             dtype = np.uint16 if bin_bytes // n_tokens == 2 else np.int32
             self._bin = np.memmap(bin_path, dtype=dtype, mode="r")
@@ -146,7 +148,7 @@ class ChunkTask:
     clean: CleanRules | None  # None for valid/test: every line is kept
 
 
-_worker: "_ChunkEncoder | None" = None
+_worker: _ChunkEncoder | None = None
 
 
 class _ChunkEncoder:
@@ -159,16 +161,20 @@ class _ChunkEncoder:
 
     def __call__(self, task: ChunkTask) -> ChunkResult:
         s = self.settings
-        src_lines, src_bad = read_lines(task.src, *task.src_range, task.first_line,
-                                        s.on_invalid_utf8, s.nfkc)
-        tgt_lines, tgt_bad = read_lines(task.tgt, *task.tgt_range, task.first_line,
-                                        s.on_invalid_utf8, s.nfkc)
+        src_lines, src_bad = read_lines(
+            task.src, *task.src_range, task.first_line, s.on_invalid_utf8, s.nfkc
+        )
+        tgt_lines, tgt_bad = read_lines(
+            task.tgt, *task.tgt_range, task.first_line, s.on_invalid_utf8, s.nfkc
+        )
         if len(src_lines) != len(tgt_lines):  # the scan matched the counts; files changed since
             raise NmtError(f"{task.src} and {task.tgt} changed while being read; run again")
         n = len(src_lines)
         removed = {INVALID_UTF8: 0}
         if None in src_lines or None in tgt_lines:  # lines skipped for invalid UTF-8 drop the pair
-            pairs = [(a, b) for a, b in zip(src_lines, tgt_lines) if a is not None and b is not None]
+            pairs = [
+                (a, b) for a, b in zip(src_lines, tgt_lines) if a is not None and b is not None
+            ]
             removed[INVALID_UTF8] = n - len(pairs)
             src_lines, tgt_lines = [a for a, _ in pairs], [b for _, b in pairs]
         src_ids, src_lens = self._encode(self.src, src_lines)
@@ -186,8 +192,9 @@ class _ChunkEncoder:
         """Flat ids and per-sentence lengths, built by numpy from SentencePiece's batch output."""
         encoded = tokenizer.encode_batch(lines)
         lens = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        ids = np.fromiter(itertools.chain.from_iterable(encoded), dtype=self.dtype,
-                          count=int(lens.sum()))
+        ids = np.fromiter(
+            itertools.chain.from_iterable(encoded), dtype=self.dtype, count=int(lens.sum())
+        )
         return ids, lens
 
 
@@ -237,10 +244,14 @@ class Encoder:
         self._pool: ProcessPoolExecutor | None = None
         self._local: _ChunkEncoder | None = None
 
-    def __enter__(self) -> "Encoder":
+    def __enter__(self) -> Encoder:
         if self.workers > 1:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(),
-                                             initializer=_init_worker, initargs=(self.settings,))
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context(),
+                initializer=_init_worker,
+                initargs=(self.settings,),
+            )
         else:
             self._local = _ChunkEncoder(self.settings)
         return self
@@ -269,18 +280,29 @@ class Encoder:
             try:
                 result = pending.popleft().result()
             except BrokenProcessPool as exc:
-                raise NmtError("an encoding worker process died (out of memory?); run again "
-                               "with fewer workers or a smaller chunk_lines") from exc
+                raise NmtError(
+                    "an encoding worker process died (out of memory?); run again "
+                    "with fewer workers or a smaller chunk_lines"
+                ) from exc
             for task in itertools.islice(queue, 1):
                 pending.append(self._submit(task))
             yield result
 
-    def encode_split(self, src: FileScan, tgt: FileScan, chunk_lines: int, out_prefix_src: Path,
-                     out_prefix_tgt: Path, clean: CleanRules | None,
-                     progress: Callable[[int], None] = lambda n: None) -> SplitStats:
+    def encode_split(
+        self,
+        src: FileScan,
+        tgt: FileScan,
+        chunk_lines: int,
+        out_prefix_src: Path,
+        out_prefix_tgt: Path,
+        clean: CleanRules | None,
+        progress: Callable[[int], None] = lambda n: None,
+    ) -> SplitStats:
         """Write both sides of one split; returns its counts."""
-        tasks = [ChunkTask(src.path, tgt.path, src.chunk(k), tgt.chunk(k), k * chunk_lines, clean)
-                 for k in range(len(src.starts) - 1)]
+        tasks = [
+            ChunkTask(src.path, tgt.path, src.chunk(k), tgt.chunk(k), k * chunk_lines, clean)
+            for k in range(len(src.starts) - 1)
+        ]
         dtype = np.dtype(self.settings.dtype)
         rules = (INVALID_UTF8, *CLEAN_RULES) if clean is not None else (INVALID_UTF8,)
         stats = SplitStats(removed=dict.fromkeys(rules, 0))

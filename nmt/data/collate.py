@@ -6,8 +6,8 @@ EOS in front (fairseq's convention): prev_tokens = [EOS] + target[:-1].
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -27,12 +27,18 @@ class Batch:
     ntokens: int  # non-pad target tokens (what the loss is normalised by)
     nsentences: int  # B
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         non_blocking = torch.device(device).type == "cuda"
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(ids=self.ids, src_tokens=move(self.src_tokens), src_lengths=move(self.src_lengths),
-                     prev_tokens=move(self.prev_tokens), target=move(self.target),
-                     ntokens=self.ntokens, nsentences=self.nsentences)
+        return Batch(
+            ids=self.ids,
+            src_tokens=move(self.src_tokens),
+            src_lengths=move(self.src_lengths),
+            prev_tokens=move(self.prev_tokens),
+            target=move(self.target),
+            ntokens=self.ntokens,
+            nsentences=self.nsentences,
+        )
 
 
 def _pad(seqs: Sequence[np.ndarray], pad: int) -> np.ndarray:
@@ -42,8 +48,14 @@ def _pad(seqs: Sequence[np.ndarray], pad: int) -> np.ndarray:
     return out
 
 
-def collate(ids: Sequence[int], pairs: Sequence[tuple[np.ndarray, np.ndarray]], *,
-            pad: int = PAD, eos: int = EOS, pin_memory: bool = False) -> Batch:
+def collate(
+    ids: Sequence[int],
+    pairs: Sequence[tuple[np.ndarray, np.ndarray]],
+    *,
+    pad: int = PAD,
+    eos: int = EOS,
+    pin_memory: bool = False,
+) -> Batch:
     """pairs[i] = (source ids, target ids), each ending in EOS."""
     src = _pad([p[0] for p in pairs], pad)  # [B,S]
     tgt = _pad([p[1] for p in pairs], pad)  # [B,T]
@@ -58,6 +70,12 @@ def collate(ids: Sequence[int], pairs: Sequence[tuple[np.ndarray, np.ndarray]], 
         tensors = [t.pin_memory() for t in tensors]
     src_t, prev_t, tgt_t = tensors
     lengths = torch.tensor([len(p[0]) for p in pairs], dtype=torch.int64)
-    return Batch(ids=torch.as_tensor(np.asarray(ids, dtype=np.int64)), src_tokens=src_t,
-                 src_lengths=lengths, prev_tokens=prev_t, target=tgt_t,
-                 ntokens=int(sum(len(p[1]) for p in pairs)), nsentences=len(pairs))
+    return Batch(
+        ids=torch.as_tensor(np.asarray(ids, dtype=np.int64)),
+        src_tokens=src_t,
+        src_lengths=lengths,
+        prev_tokens=prev_t,
+        target=tgt_t,
+        ntokens=int(sum(len(p[1]) for p in pairs)),
+        nsentences=len(pairs),
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Optional
 
 
 class ModelType(str, Enum):
@@ -37,7 +37,7 @@ class DataConfig:
     trainpref: str = "data/demo/train"  # training text prefix (required)
     validpref: Optional[str] = "data/demo/valid"  # stored as split "valid"; null: no valid split
     # test prefixes, any number; each is stored under its file name (test_2016_flickr, ...)
-    testpref: List[str] = field(default_factory=lambda: ["data/demo/test"])
+    testpref: list[str] = field(default_factory=lambda: ["data/demo/test"])
     dest: str = "data-bin/demo"  # the data dir to write
 
 
@@ -54,7 +54,7 @@ class SpmConfig:
     character_coverage: float = 1.0  # share of characters covered; the rest: <unk> or bytes
     byte_fallback: bool = True  # spell unseen characters as UTF-8 bytes, so decoding is lossless
     input_sentence_size: int = 0  # train on a random sample of this many sentences; 0: all
-    user_defined_symbols: List[str] = field(default_factory=list)  # always kept as one piece
+    user_defined_symbols: list[str] = field(default_factory=list)  # always kept as one piece
     num_threads: int = 2  # training threads; part of the recipe (another count, another model)
     seed: int = 1  # SentencePiece's random seed (sentence sampling)
 

@@ -83,18 +83,23 @@ def _check_utf8(path: Path, data: bytes, first_line: int) -> None:
     except UnicodeDecodeError as exc:
         line = first_line + data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1)
-        raise NmtError(f"{path}:{line}: invalid UTF-8 ({exc.reason} at byte {column + 1} of the "
-                       "line); fix the file or set on_invalid_utf8=replace or =skip") from exc
+        raise NmtError(
+            f"{path}:{line}: invalid UTF-8 ({exc.reason} at byte {column + 1} of the "
+            "line); fix the file or set on_invalid_utf8=replace or =skip"
+        ) from exc
 
 
 def check_parallel(src: FileScan, tgt: FileScan) -> None:
     if src.lines != tgt.lines:
-        raise NmtError(f"{src.path} has {src.lines} lines but {tgt.path} has {tgt.lines}; "
-                       "parallel files need one sentence per line on both sides")
+        raise NmtError(
+            f"{src.path} has {src.lines} lines but {tgt.path} has {tgt.lines}; "
+            "parallel files need one sentence per line on both sides"
+        )
 
 
-def read_lines(path: Path, start: int, end: int, first_line: int, policy: str,
-               nfkc: bool) -> tuple[list[str | None], int]:
+def read_lines(
+    path: Path, start: int, end: int, first_line: int, policy: str, nfkc: bool
+) -> tuple[list[str | None], int]:
     """Normalized lines of bytes [start, end); None marks a line skipped for bad UTF-8.
 
     Returns the lines and how many had invalid UTF-8 (replaced or skipped). `first_line` is
@@ -104,7 +109,7 @@ def read_lines(path: Path, start: int, end: int, first_line: int, policy: str,
         f.seek(start)
         raw = f.read(end - start)
     if start == 0 and raw.startswith(BOM):
-        raw = raw[len(BOM):]
+        raw = raw[len(BOM) :]
     if raw.endswith(b"\n"):
         raw = raw[:-1]
     if not raw and end == start:
@@ -122,8 +127,10 @@ def read_lines(path: Path, start: int, end: int, first_line: int, policy: str,
         except UnicodeDecodeError as exc:
             bad += 1
             if policy == "error":
-                raise NmtError(f"{path}:{number}: invalid UTF-8 ({exc.reason}); fix the file or "
-                               "set on_invalid_utf8=replace or =skip") from exc
+                raise NmtError(
+                    f"{path}:{number}: invalid UTF-8 ({exc.reason}); fix the file or "
+                    "set on_invalid_utf8=replace or =skip"
+                ) from exc
             if policy == "skip":
                 lines.append(None)
                 continue
@@ -140,8 +147,9 @@ class CleanRules:
     max_tokens: int | None
     max_ratio: float | None
 
-    def apply(self, src_lens: np.ndarray,
-              tgt_lens: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    def apply(
+        self, src_lens: np.ndarray, tgt_lens: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, int]]:
         """Keep mask and per-rule counts; a pair is counted under the first rule it breaks."""
         keep = np.ones(len(src_lens), dtype=bool)
         counts = dict.fromkeys(CLEAN_RULES, 0)

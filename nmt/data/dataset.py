@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -25,8 +26,10 @@ class PairDataset:
 
     def __init__(self, src: TokenSequences, tgt: TokenSequences, name: str = "") -> None:
         if len(src) != len(tgt):
-            raise NmtError(f"{name}: {len(src)} source but {len(tgt)} target sentences; "
-                           "rebuild the data dir with nmt-preprocess")
+            raise NmtError(
+                f"{name}: {len(src)} source but {len(tgt)} target sentences; "
+                "rebuild the data dir with nmt-preprocess"
+            )
         self.src = src
         self.tgt = tgt
         self.name = name
@@ -43,7 +46,9 @@ class PairDataset:
         return [(self.src[int(i)], self.tgt[int(i)]) for i in indices]
 
 
-def load_pair_dataset(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> PairDataset:
+def load_pair_dataset(
+    data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
+) -> PairDataset:
     """Open `<data_dir>/<split>.<lang>.{bin,idx}` for both languages."""
     from nmt.data.binarize import TokenArray
 
@@ -52,7 +57,9 @@ def load_pair_dataset(data_dir: str | Path, split: str, src_lang: str, tgt_lang:
     for lang in (src_lang, tgt_lang):
         prefix = data_dir / f"{split}.{lang}"
         if not Path(f"{prefix}.bin").is_file() or not Path(f"{prefix}.idx").is_file():
-            raise NmtError(f"{prefix}.bin/.idx: missing; the data dir has no {split!r} split "
-                           f"for {lang!r} (see {data_dir / 'meta.json'})")
+            raise NmtError(
+                f"{prefix}.bin/.idx: missing; the data dir has no {split!r} split "
+                f"for {lang!r} (see {data_dir / 'meta.json'})"
+            )
         arrays.append(TokenArray(str(prefix)))
     return PairDataset(arrays[0], arrays[1], name=f"{data_dir}/{split}")

@@ -52,18 +52,21 @@ class DataMeta:
         return {"format_version": d.pop("format_version"), **d}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str) -> "DataMeta":
+    def from_dict(cls, d: dict[str, Any], where: str) -> DataMeta:
         names = {f.name for f in fields(cls)}
         missing = sorted(names - {"config"} - d.keys())
         if missing:
-            raise NmtError(f"{where}: missing fields {', '.join(missing)}; "
-                           "rebuild the data dir with nmt-preprocess")
+            raise NmtError(
+                f"{where}: missing fields {', '.join(missing)}; "
+                "rebuild the data dir with nmt-preprocess"
+            )
         values = {k: v for k, v in d.items() if k in names}
         try:
             values["splits"] = {name: SplitInfo(**info) for name, info in d["splits"].items()}
         except (TypeError, AttributeError) as exc:
-            raise NmtError(f"{where}: malformed splits ({exc}); "
-                           "rebuild the data dir with nmt-preprocess") from exc
+            raise NmtError(
+                f"{where}: malformed splits ({exc}); rebuild the data dir with nmt-preprocess"
+            ) from exc
         return cls(**values)
 
     def tokenizer_file(self, data_dir: str | Path, side: str) -> Path:
@@ -84,12 +87,15 @@ def load_meta(data_dir: str | Path) -> DataMeta:
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NmtError(f"{path}: unreadable ({exc}); "
-                       "rebuild the data dir with nmt-preprocess") from exc
+        raise NmtError(
+            f"{path}: unreadable ({exc}); rebuild the data dir with nmt-preprocess"
+        ) from exc
     if not isinstance(d, dict) or d.get("format_version") != FORMAT_VERSION:
         found = d.get("format_version") if isinstance(d, dict) else None
-        raise NmtError(f"{path}: format_version {found!r}, this nmt reads {FORMAT_VERSION}; "
-                       "rebuild the data dir with this nmt's nmt-preprocess")
+        raise NmtError(
+            f"{path}: format_version {found!r}, this nmt reads {FORMAT_VERSION}; "
+            "rebuild the data dir with this nmt's nmt-preprocess"
+        )
     return DataMeta.from_dict(d, str(path))
 
 

@@ -11,8 +11,9 @@ import hashlib
 import io
 import re
 import unicodedata
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import sentencepiece as spm
 
@@ -44,14 +45,14 @@ class Tokenizer:
         self.vocab_size: int = self._sp.get_piece_size()
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Tokenizer":
+    def from_file(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise NmtError(f"{path}: SentencePiece model not found")
         return cls(path.read_bytes(), name=str(path))
 
     @classmethod
-    def from_bytes(cls, model_bytes: bytes) -> "Tokenizer":
+    def from_bytes(cls, model_bytes: bytes) -> Tokenizer:
         return cls(model_bytes)
 
     @property
@@ -59,16 +60,22 @@ class Tokenizer:
         return hashlib.sha256(self.model_bytes).hexdigest()
 
     def special_ids(self) -> dict[str, int]:
-        return {"bos": self._sp.bos_id(), "pad": self._sp.pad_id(), "eos": self._sp.eos_id(),
-                "unk": self._sp.unk_id()}
+        return {
+            "bos": self._sp.bos_id(),
+            "pad": self._sp.pad_id(),
+            "eos": self._sp.eos_id(),
+            "unk": self._sp.unk_id(),
+        }
 
     def check_special_ids(self, what: str) -> None:
         """NmtError unless the model uses nmt's ids (a model from elsewhere usually does not)."""
         found = self.special_ids()
         if found != SPECIAL_IDS:
             shown = " ".join(f"{k}={v}" for k, v in found.items())
-            raise NmtError(f"{what}: the model's special ids are {shown}, nmt needs bos=0 pad=1 "
-                           "eos=2 unk=3; let nmt-preprocess train the model instead")
+            raise NmtError(
+                f"{what}: the model's special ids are {shown}, nmt needs bos=0 pad=1 "
+                "eos=2 unk=3; let nmt-preprocess train the model instead"
+            )
 
     def encode(self, text: str) -> list[int]:
         """Ids of already normalized text, without EOS."""
@@ -94,21 +101,41 @@ class Tokenizer:
         Path(path).write_text(text, encoding="utf-8")
 
 
-def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: str,
-                    character_coverage: float, byte_fallback: bool, input_sentence_size: int,
-                    user_defined_symbols: Sequence[str], num_threads: int, seed: int,
-                    what: str) -> Tokenizer:
+def train_tokenizer(
+    sentences: Iterable[str],
+    *,
+    vocab_size: int,
+    model_type: str,
+    character_coverage: float,
+    byte_fallback: bool,
+    input_sentence_size: int,
+    user_defined_symbols: Sequence[str],
+    num_threads: int,
+    seed: int,
+    what: str,
+) -> Tokenizer:
     """Train a model on normalized sentences; `what` names the training text in errors."""
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-            model_type=model_type, character_coverage=character_coverage,
-            byte_fallback=byte_fallback, input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=True, user_defined_symbols=list(user_defined_symbols),
-            bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
-            normalization_rule_name="identity", num_threads=num_threads, minloglevel=2)
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
+            input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True,
+            user_defined_symbols=list(user_defined_symbols),
+            bos_id=BOS,
+            pad_id=PAD,
+            eos_id=EOS,
+            unk_id=UNK,
+            normalization_rule_name="identity",
+            num_threads=num_threads,
+            minloglevel=2,
+        )
     except RuntimeError as exc:
         raise NmtError(_training_error(str(exc), vocab_size, what)) from exc
     return Tokenizer(model.getvalue(), name=f"SentencePiece model of {what}")
@@ -118,13 +145,17 @@ def _training_error(message: str, vocab_size: int, what: str) -> str:
     """SentencePiece's check failures, reworded as what the user should set."""
     too_high = re.search(r"value <= (\d+)", message)
     if too_high:
-        return (f"spm.vocab_size={vocab_size}: {what} supports at most {too_high.group(1)} "
-                f"pieces; set spm.vocab_size={too_high.group(1)} or less, or add training text")
+        return (
+            f"spm.vocab_size={vocab_size}: {what} supports at most {too_high.group(1)} "
+            f"pieces; set spm.vocab_size={too_high.group(1)} or less, or add training text"
+        )
     too_low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
     if too_low:
-        return (f"spm.vocab_size={vocab_size}: {what} needs at least {too_low.group(2)} pieces "
-                f"for its characters; set spm.vocab_size={too_low.group(2)} or more "
-                "(or lower spm.character_coverage)")
+        return (
+            f"spm.vocab_size={vocab_size}: {what} needs at least {too_low.group(2)} pieces "
+            f"for its characters; set spm.vocab_size={too_low.group(2)} or more "
+            "(or lower spm.character_coverage)"
+        )
     if "sentences_.empty()" in message:
         return f"{what}: no text to train SentencePiece on (every line is empty); check the files"
     return f"SentencePiece training on {what} failed: {_first_line(message)}"
@@ -135,8 +166,9 @@ def _first_line(exc: object) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def load_tokenizers(data_dir: str | Path,
-                    meta: "DataMeta | None" = None) -> tuple[Tokenizer, Tokenizer]:
+def load_tokenizers(
+    data_dir: str | Path, meta: DataMeta | None = None
+) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers of a data dir, checked against meta.json's sha256."""
     from nmt.data.meta import load_meta
 
@@ -145,11 +177,15 @@ def load_tokenizers(data_dir: str | Path,
     for side in ("src", "tgt"):
         path = meta.tokenizer_file(data_dir, side)
         if not path.is_file():
-            raise NmtError(f"{path}: SentencePiece model missing from the data dir; "
-                           "rebuild it with nmt-preprocess")
+            raise NmtError(
+                f"{path}: SentencePiece model missing from the data dir; "
+                "rebuild it with nmt-preprocess"
+            )
         model_bytes = path.read_bytes()
         if hashlib.sha256(model_bytes).hexdigest() != meta.tokenizers[side]["sha256"]:
-            raise NmtError(f"{path}: differs from the model meta.json records (sha256); it was "
-                           "changed after preprocessing: rebuild the data dir with nmt-preprocess")
+            raise NmtError(
+                f"{path}: differs from the model meta.json records (sha256); it was "
+                "changed after preprocessing: rebuild the data dir with nmt-preprocess"
+            )
         loaded.append(Tokenizer(model_bytes, name=str(path)))
     return loaded[0], loaded[1]

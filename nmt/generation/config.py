@@ -47,7 +47,9 @@ class SearchConfig:
         if self.min_len < 0:
             raise NmtError(f"min_len: {self.min_len}; must not be negative")
         if self.no_repeat_ngram_size < 0:
-            raise NmtError(f"no_repeat_ngram_size: {self.no_repeat_ngram_size}; use 0 (off) or more")
+            raise NmtError(
+                f"no_repeat_ngram_size: {self.no_repeat_ngram_size}; use 0 (off) or more"
+            )
         if self.sampling_topk < 0:
             raise NmtError(f"sampling_topk: {self.sampling_topk}; use 0 (off) or more")
         if not 0.0 < self.sampling_topp <= 1.0:

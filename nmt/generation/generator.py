@@ -14,8 +14,8 @@ Semantics are fairseq's: score = sum of log-probs / length**lenpen, length count
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -46,8 +46,9 @@ class Hypothesis:
 class _Member:
     """One model of the ensemble with its encoder output and decoder cache."""
 
-    def __init__(self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor,
-                 cache_args: dict | None):
+    def __init__(
+        self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor, cache_args: dict | None
+    ):
         self.model = model
         self.enc = model.encode(src_tokens)  # one row per sentence
         self.cache = model.new_cache(**cache_args) if cache_args is not None else None
@@ -77,8 +78,9 @@ class _Member:
 class _Finished:
     """Finished hypotheses of a batch: K slots per sentence, filled in the order they end."""
 
-    def __init__(self, bsz: int, k: int, longest: int, src_len: int, want_attn: bool,
-                 device: torch.device):
+    def __init__(
+        self, bsz: int, k: int, longest: int, src_len: int, want_attn: bool, device: torch.device
+    ):
         self.k = k
         self.tokens = torch.full((bsz, k, longest + 1), PAD, dtype=torch.long, device=device)
         self.pos = torch.zeros(bsz, k, longest + 1, device=device)
@@ -87,8 +89,16 @@ class _Finished:
         self.count = torch.zeros(bsz, dtype=torch.long, device=device)  # [B] slots used
         self.attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
 
-    def add(self, sid: Tensor, slot: Tensor, prefix: Tensor, prefix_pos: Tensor, last_lp: Tensor,
-            score: Tensor, attn: Tensor | None) -> None:
+    def add(
+        self,
+        sid: Tensor,
+        slot: Tensor,
+        prefix: Tensor,
+        prefix_pos: Tensor,
+        last_lp: Tensor,
+        score: Tensor,
+        attn: Tensor | None,
+    ) -> None:
         """F hypotheses ending in EOS now: sentence sid [F], slot [F], tokens before EOS
         prefix [F,t] with their log-probs prefix_pos [F,t], EOS's log-prob last_lp [F],
         normalized score [F], attention [F,t+1,S] | None."""
@@ -114,13 +124,28 @@ class _Finished:
         out = []
         for b, picks in enumerate(order.tolist()):
             if counts[b] == 0:  # every path was forbidden (e.g. n-gram blocking): say nothing
-                out.append([Hypothesis(torch.tensor([EOS]), NEG_INF, torch.full((1,), NEG_INF),
-                                       None if attn is None else attn[b, 0, :1])])
+                out.append(
+                    [
+                        Hypothesis(
+                            torch.tensor([EOS]),
+                            NEG_INF,
+                            torch.full((1,), NEG_INF),
+                            None if attn is None else attn[b, 0, :1],
+                        )
+                    ]
+                )
                 continue
-            out.append([Hypothesis(tokens=tokens[b, j, :length], score=score,
-                                   positional_scores=pos[b, j, :length],
-                                   attention=None if attn is None else attn[b, j, :length])
-                        for j, score, length in zip(picks[: counts[b]], scores[b], lengths[b])])
+            out.append(
+                [
+                    Hypothesis(
+                        tokens=tokens[b, j, :length],
+                        score=score,
+                        positional_scores=pos[b, j, :length],
+                        attention=None if attn is None else attn[b, j, :length],
+                    )
+                    for j, score, length in zip(picks[: counts[b]], scores[b], lengths[b])
+                ]
+            )
         return out
 
 
@@ -131,8 +156,9 @@ class SequenceGenerator:
     averaged. Models must be in eval mode; autocast (bf16/fp16) is the caller's context.
     """
 
-    def __init__(self, models: Sequence[torch.nn.Module], search: SearchConfig,
-                 attn_layer: int | None = None):
+    def __init__(
+        self, models: Sequence[torch.nn.Module], search: SearchConfig, attn_layer: int | None = None
+    ):
         search.validate()
         self.models = list(models)
         self.search = search
@@ -154,8 +180,11 @@ class SequenceGenerator:
         # Beams reorder only within their sentence, so the cache keeps a sentence's rows
         # in place (DecoderCache's groups); sampled rows never move. The memory is reused
         # from batch to batch (CacheMemory).
-        return dict(group=1 if self.search.sampling else self.beam, capacity=positions,
-                    memory=self._cache_memory[member])
+        return dict(
+            group=1 if self.search.sampling else self.beam,
+            capacity=positions,
+            memory=self._cache_memory[member],
+        )
 
     def max_lengths(self, src_lengths: Tensor) -> Tensor:
         """Per-sentence output limit (tokens before EOS): a*src_len + b, capped."""
@@ -181,7 +210,9 @@ class SequenceGenerator:
         return lp, at
 
     @torch.inference_mode()
-    def generate(self, src_tokens: Tensor, prefix_tokens: Tensor | None = None) -> list[list[Hypothesis]]:
+    def generate(
+        self, src_tokens: Tensor, prefix_tokens: Tensor | None = None
+    ) -> list[list[Hypothesis]]:
         """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
         (right-padded with PAD) to force at the start of each output. Returns, per
         sentence, up to nbest hypotheses, best first."""
@@ -191,8 +222,10 @@ class SequenceGenerator:
         max_lens = self.max_lengths(src_tokens.ne(PAD).sum(1))  # [B]
         longest = int(max_lens.max())
         expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
-        members = [_Member(m, src_tokens, expand, self._cache_args(i, longest + 1))
-                   for i, m in enumerate(self.models)]
+        members = [
+            _Member(m, src_tokens, expand, self._cache_args(i, longest + 1))
+            for i, m in enumerate(self.models)
+        ]
         want_attn = self.attn_layer is not None
 
         finished = _Finished(bsz, k, longest, src_len, want_attn, device)
@@ -244,11 +277,20 @@ class SequenceGenerator:
                 slot = finished.count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
                 ni, ci = (finishing & slot.lt(k)).nonzero(as_tuple=True)  # at most K each
                 rows = ni * k + cand_origins[ni, ci]  # the hypotheses they extend
-                attn = None if not want_attn else torch.cat(
-                    [attn_hist[rows], step_attn[rows].unsqueeze(1)], dim=1)
-                finished.add(sent[ni], slot[ni, ci], tokens[rows, 1:], pos_scores[rows],
-                             cand_lp[ni, ci],
-                             cand_scores[ni, ci] / length_penalty(step + 1, s.lenpen), attn)
+                attn = (
+                    None
+                    if not want_attn
+                    else torch.cat([attn_hist[rows], step_attn[rows].unsqueeze(1)], dim=1)
+                )
+                finished.add(
+                    sent[ni],
+                    slot[ni, ci],
+                    tokens[rows, 1:],
+                    pos_scores[rows],
+                    cand_lp[ni, ci],
+                    cand_scores[ni, ci] / length_penalty(step + 1, s.lenpen),
+                    attn,
+                )
 
             if s.sampling:  # each row keeps its own sample; one that ended is dead (-inf)
                 pick = torch.arange(k, device=device).expand(n, k)
@@ -274,7 +316,8 @@ class SequenceGenerator:
                 sent, max_lens = sent[kept], max_lens[kept]
                 row_max = row_max.view(n, k)[kept].view(-1)
                 scores, act_tokens, act_origins, act_lp = (
-                    t[kept] for t in (scores, act_tokens, act_origins, act_lp))
+                    t[kept] for t in (scores, act_tokens, act_origins, act_lp)
+                )
                 prefix = None if prefix is None else prefix[kept]
                 min_row_max = int(max_lens.min())
             order = (kept.unsqueeze(1) * k + act_origins).view(-1)  # [R'] rows they extend
@@ -293,8 +336,9 @@ class SequenceGenerator:
 
         return finished.collect(s.nbest)
 
-    def _forced_tokens(self, step: int, prefix: Tensor | None, row_max: Tensor,
-                       min_row_max: int) -> tuple[Tensor, Tensor] | None:
+    def _forced_tokens(
+        self, step: int, prefix: Tensor | None, row_max: Tensor, min_row_max: int
+    ) -> tuple[Tensor, Tensor] | None:
         """(rows [F], tokens [F]) that must be produced at this step, or None.
 
         A prefix token is forced while the prefix lasts; EOS once a row reaches its length

@@ -12,10 +12,11 @@ import itertools
 import os
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO
 
 import numpy as np
 import sentencepiece as spm
@@ -67,8 +68,9 @@ def read_text_lines(path: str) -> Iterator[str]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise NmtError(f"{name}:{number}: invalid UTF-8 ({exc.reason}); convert the "
-                               "input to UTF-8") from exc
+                raise NmtError(
+                    f"{name}:{number}: invalid UTF-8 ({exc.reason}); convert the input to UTF-8"
+                ) from exc
             yield text.lstrip(BOM) if number == 1 else text
     finally:
         if stream is not sys.stdin.buffer:
@@ -78,8 +80,9 @@ def read_text_lines(path: str) -> Iterator[str]:
 class SourceEncoder:
     """Raw text -> Source: normalization as preprocess did, SentencePiece, EOS, length cap."""
 
-    def __init__(self, tokenizer: Tokenizer, nfkc: bool, max_positions: int, overlong: str,
-                 where: str):
+    def __init__(
+        self, tokenizer: Tokenizer, nfkc: bool, max_positions: int, overlong: str, where: str
+    ):
         self.tokenizer = tokenizer
         self.nfkc = nfkc
         self.max_positions = max_positions  # source tokens the model accepts, EOS included
@@ -90,29 +93,40 @@ class SourceEncoder:
         """Cut ids (EOS included) to the model's source positions, warning or failing."""
         if len(ids) <= self.max_positions:
             return ids
-        message = (f"{self.where}:{index + 1}: {len(ids)} tokens, the model accepts "
-                   f"{self.max_positions}")
+        message = (
+            f"{self.where}:{index + 1}: {len(ids)} tokens, the model accepts {self.max_positions}"
+        )
         if self.overlong == "error":
             raise NmtError(f"{message}; shorten the line or set overlong=truncate")
-        warn(f"{message}; truncated to its first {self.max_positions - 1} tokens "
-             "(overlong=error refuses such lines)")
+        warn(
+            f"{message}; truncated to its first {self.max_positions - 1} tokens "
+            "(overlong=error refuses such lines)"
+        )
         return np.concatenate([ids[: self.max_positions - 1], ids[-1:]])
 
-    def encode(self, lines: Sequence[str], first_index: int,
-               refs: Sequence[str | None] | None = None) -> list[Source]:
+    def encode(
+        self, lines: Sequence[str], first_index: int, refs: Sequence[str | None] | None = None
+    ) -> list[Source]:
         texts = [normalize_text(line, self.nfkc) for line in lines]
         encoded = self.tokenizer.encode_batch(texts)
         out = []
         for i, (text, ids) in enumerate(zip(texts, encoded)):
             index = first_index + i
             arr = np.asarray(ids + [EOS], dtype=np.int64) if text else np.zeros(0, np.int64)
-            out.append(Source(index=index, ids=self.fit(arr, index), text=text,
-                              ref=None if refs is None else refs[i]))
+            out.append(
+                Source(
+                    index=index,
+                    ids=self.fit(arr, index),
+                    text=text,
+                    ref=None if refs is None else refs[i],
+                )
+            )
         return out
 
 
-def text_sources(path: str, encoder: SourceEncoder, chunk: int,
-                 ref_path: str | None = None) -> Iterator[list[Source]]:
+def text_sources(
+    path: str, encoder: SourceEncoder, chunk: int, ref_path: str | None = None
+) -> Iterator[list[Source]]:
     """Sources of a text file or stdin, `chunk` lines at a time, references zipped in."""
     lines = read_text_lines(path)
     refs = None if ref_path is None else read_text_lines(ref_path)
@@ -122,17 +136,27 @@ def text_sources(path: str, encoder: SourceEncoder, chunk: int,
         if refs is not None:
             batch_refs = [r.rstrip() for r in itertools.islice(refs, len(batch))]
             if len(batch_refs) < len(batch):
-                raise NmtError(f"ref {ref_path}: {index + len(batch_refs)} lines, fewer than input "
-                               f"{path}; they must be line-aligned")
+                raise NmtError(
+                    f"ref {ref_path}: {index + len(batch_refs)} lines, fewer than input "
+                    f"{path}; they must be line-aligned"
+                )
         yield encoder.encode(batch, index, batch_refs)
         index += len(batch)
     if refs is not None and next(refs, None) is not None:
-        raise NmtError(f"ref {ref_path}: more lines than the {index} of input {path}; they "
-                       "must be line-aligned")
+        raise NmtError(
+            f"ref {ref_path}: more lines than the {index} of input {path}; they "
+            "must be line-aligned"
+        )
 
 
-def split_sources(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray] | None, src_tok: Tokenizer,
-                  tgt_tok: Tokenizer, encoder: SourceEncoder, chunk: int) -> Iterator[list[Source]]:
+def split_sources(
+    src: Sequence[np.ndarray],
+    tgt: Sequence[np.ndarray] | None,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    encoder: SourceEncoder,
+    chunk: int,
+) -> Iterator[list[Source]]:
     """Sources of a binarized split (ids as stored), references decoded from the target side."""
     for start in range(0, len(src), chunk):
         out = []
@@ -141,12 +165,20 @@ def split_sources(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray] | None, s
             if len(ids) <= 1:  # an empty line is stored as [EOS]
                 ids = np.zeros(0, np.int64)
             ref = None if tgt is None else tgt_tok.decode(tgt[i])
-            out.append(Source(index=i, ids=encoder.fit(ids, i) if len(ids) else ids,
-                              text=src_tok.decode(ids), ref=ref))
+            out.append(
+                Source(
+                    index=i,
+                    ids=encoder.fit(ids, i) if len(ids) else ids,
+                    text=src_tok.decode(ids),
+                    ref=ref,
+                )
+            )
         yield out
 
 
-def make_batches(sources: Sequence[Source], max_tokens: int, max_sentences: int) -> list[list[Source]]:
+def make_batches(
+    sources: Sequence[Source], max_tokens: int, max_sentences: int
+) -> list[list[Source]]:
     """Non-empty sources sorted by length (longest first), packed within the budgets.
 
     max_tokens counts padded source tokens (sentences x longest); 0 = no token limit.
@@ -157,8 +189,10 @@ def make_batches(sources: Sequence[Source], max_tokens: int, max_sentences: int)
     lengths = np.array([len(s.ids) for s in todo], dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     budget = max_tokens if max_tokens > 0 else np.iinfo(np.int64).max
-    return [[todo[i] for i in batch] for batch in pack(order, lengths, max_tokens=budget,
-                                                        max_sentences=max_sentences)]
+    return [
+        [todo[i] for i in batch]
+        for batch in pack(order, lengths, max_tokens=budget, max_sentences=max_sentences)
+    ]
 
 
 def collate(batch: Sequence[Source], device: torch.device) -> torch.Tensor:
@@ -179,8 +213,15 @@ class OutputWriter:
     natural-log probabilities (fairseq prints base 2).
     """
 
-    def __init__(self, stream: IO[str], tokenizer: Tokenizer, fmt: str, nbest: int,
-                 alignment: bool, flush: bool):
+    def __init__(
+        self,
+        stream: IO[str],
+        tokenizer: Tokenizer,
+        fmt: str,
+        nbest: int,
+        alignment: bool,
+        flush: bool,
+    ):
         self.stream = stream
         self.tokenizer = tokenizer
         self.pieces = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
@@ -215,8 +256,11 @@ class OutputWriter:
         for h, text in zip(hyps, texts):
             ids = [t for t in h.tokens.tolist() if t != EOS]
             pieces = " ".join(self.pieces.id_to_piece(ids)) if ids else ""
-            lines += [f"H-{i}\t{h.score:.4f}\t{pieces}", f"D-{i}\t{h.score:.4f}\t{text}",
-                      f"P-{i}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores.tolist())]
+            lines += [
+                f"H-{i}\t{h.score:.4f}\t{pieces}",
+                f"D-{i}\t{h.score:.4f}\t{text}",
+                f"P-{i}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores.tolist()),
+            ]
             if self.alignment:
                 lines.append(f"A-{i}\t{hard_alignment(h, len(source.ids))}")
         return lines

@@ -24,7 +24,7 @@ def length_penalty(length: int | float | Tensor, lenpen: float) -> float | Tenso
     `length` counts the generated tokens including the final EOS (fairseq). lenpen > 1
     favours longer hypotheses, < 1 shorter ones, 0 turns normalization off.
     """
-    return length ** lenpen
+    return length**lenpen
 
 
 def block_repeated_ngrams(history: Tensor, lprobs: Tensor, n: int) -> Tensor:
@@ -38,7 +38,7 @@ def block_repeated_ngrams(history: Tensor, lprobs: Tensor, n: int) -> Tensor:
         return lprobs
     vocab = lprobs.size(1)
     windows = history.unfold(1, n, 1)  # [R, t-n+1, n]: every n-gram of the row
-    suffix = history[:, t - n + 1:]  # [R, n-1]: what the next token would extend
+    suffix = history[:, t - n + 1 :]  # [R, n-1]: what the next token would extend
     match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=2)  # [R, t-n+1]
     # Banned next tokens; non-matching windows point at a spare column V that is dropped.
     banned = torch.where(match, windows[:, :, -1], vocab)  # [R, t-n+1]
@@ -47,7 +47,9 @@ def block_repeated_ngrams(history: Tensor, lprobs: Tensor, n: int) -> Tensor:
     return lprobs.masked_fill_(mask[:, :vocab], NEG_INF)
 
 
-def sentence_topk(lprobs: Tensor, scores: Tensor, c: int, block: int = 100) -> tuple[Tensor, Tensor]:
+def sentence_topk(
+    lprobs: Tensor, scores: Tensor, c: int, block: int = 100
+) -> tuple[Tensor, Tensor]:
     """(scores[n,j] + lprobs[n,j,t]).topk(c) over all (j, t) of each sentence n, faster on
     a CPU: lprobs [N,K,V], scores [N,K] -> (values [N,c] best first, flat indices j*V + t).
 
@@ -77,8 +79,14 @@ def sentence_topk(lprobs: Tensor, scores: Tensor, c: int, block: int = 100) -> t
     values, ids = values.view(n, -1), ids.view(n, -1)  # [N,c*block]
     if full < v:  # each hypothesis' tail that fills no block is always searched
         tail = (lprobs[:, :, full:] + scores.unsqueeze(2)).view(n, -1)  # [N,K*(V-full)]
-        tail_ids = (torch.arange(k, device=lprobs.device).unsqueeze(1) * v
-                    + torch.arange(full, v, device=lprobs.device)).view(1, -1).expand(n, -1)
+        tail_ids = (
+            (
+                torch.arange(k, device=lprobs.device).unsqueeze(1) * v
+                + torch.arange(full, v, device=lprobs.device)
+            )
+            .view(1, -1)
+            .expand(n, -1)
+        )
         values, ids = torch.cat([values, tail], dim=1), torch.cat([ids, tail_ids], dim=1)
     top, where = values.topk(c, dim=1)
     return top, ids.gather(1, where)
@@ -99,8 +107,13 @@ def beam_candidates(lprobs: Tensor, scores: Tensor) -> tuple[Tensor, Tensor, Ten
     return cand_scores, flat % v, torch.div(flat, v, rounding_mode="floor")
 
 
-def sample_candidates(lprobs: Tensor, scores: Tensor, topk: int = 0, topp: float = 1.0,
-                      generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def sample_candidates(
+    lprobs: Tensor,
+    scores: Tensor,
+    topk: int = 0,
+    topp: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """One sampled token per hypothesis (K independent samples per sentence).
 
     lprobs [N,K,V] (temperature already applied), scores [N,K]. Sampling is restricted

@@ -24,7 +24,9 @@ class ImportFairseqConfig:
     """nmt-import-fairseq: convert a fairseq transformer checkpoint to an nmt checkpoint."""
 
     checkpoint: Optional[str] = None  # fairseq checkpoint*.pt (required)
-    data_dir: Optional[str] = None  # fairseq data-bin dir holding dict.<lang>.txt; None = the checkpoint's dir
+    data_dir: Optional[str] = (
+        None  # fairseq data-bin dir holding dict.<lang>.txt; None = the checkpoint's dir
+    )
     src_dict: Optional[str] = None  # source dict.txt; None = <data_dir>/dict.<src_lang>.txt
     tgt_dict: Optional[str] = None  # target dict.txt; None = <data_dir>/dict.<tgt_lang>.txt
     spm: Optional[str] = None  # the SentencePiece model fairseq's data was encoded with (joint)

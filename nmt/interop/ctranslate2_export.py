@@ -37,8 +37,10 @@ def require_ctranslate2() -> Any:
     try:
         import ctranslate2
     except ImportError as exc:
-        raise NmtError("ctranslate2 is not installed; install it with `pip install "
-                       "'nmt[export]'` (or `pip install ctranslate2`)") from exc
+        raise NmtError(
+            "ctranslate2 is not installed; install it with `pip install "
+            "'nmt[export]'` (or `pip install ctranslate2`)"
+        ) from exc
     return ctranslate2
 
 
@@ -81,7 +83,7 @@ def _ffn(spec: Any, layer: nn.Module) -> None:
 def _position_table(module: nn.Module) -> np.ndarray:
     """Rows for positions 0.. (fairseq's table without its padding_idx + 1 unused rows)."""
     table = module.weight if isinstance(module, nn.Embedding) else module.weights  # [N, D]
-    return _np(table[module.padding_idx + 1:])
+    return _np(table[module.padding_idx + 1 :])
 
 
 def _inputs(spec: Any, side: nn.Module, embed_scale: float) -> None:
@@ -95,8 +97,9 @@ def _inputs(spec: Any, side: nn.Module, embed_scale: float) -> None:
         _layer_norm(spec.layer_norm, side.layer_norm)
 
 
-def build_spec(model: nn.Module, model_config: Any, src_pieces: list[str],
-               tgt_pieces: list[str]) -> Any:
+def build_spec(
+    model: nn.Module, model_config: Any, src_pieces: list[str], tgt_pieces: list[str]
+) -> Any:
     """A ctranslate2 TransformerSpec holding the model's weights and vocabularies."""
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
@@ -104,9 +107,12 @@ def build_spec(model: nn.Module, model_config: Any, src_pieces: list[str],
     cfg = model_config
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.attention_heads,
-        pre_norm=cfg.normalize_before, activation=activation[cfg.activation_fn],
-        layernorm_embedding=cfg.layernorm_embedding)
+        (cfg.encoder_layers, cfg.decoder_layers),
+        cfg.attention_heads,
+        pre_norm=cfg.normalize_before,
+        activation=activation[cfg.activation_fn],
+        layernorm_embedding=cfg.layernorm_embedding,
+    )
     scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
     encoder, decoder = model.encoder, model.decoder
     _inputs(spec.encoder, encoder, scale)
@@ -127,7 +133,10 @@ def build_spec(model: nn.Module, model_config: Any, src_pieces: list[str],
     spec.register_target_vocabulary(list(tgt_pieces))
     config = spec.config
     config.unk_token, config.bos_token, config.eos_token = (
-        tgt_pieces[UNK], tgt_pieces[BOS], tgt_pieces[EOS])
+        tgt_pieces[UNK],
+        tgt_pieces[BOS],
+        tgt_pieces[EOS],
+    )
     config.decoder_start_token = tgt_pieces[DECODER_START]
     config.add_source_bos = False
     config.add_source_eos = True  # nmt's sources end with </s>
@@ -142,17 +151,25 @@ def spm_pieces(model_bytes: bytes) -> list[str]:
     proc = spm.SentencePieceProcessor(model_proto=model_bytes)
     pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
     if len(set(pieces)) != len(pieces):
-        raise NmtError("checkpoint tokenizer: duplicate SentencePiece pieces; CTranslate2 "
-                       "needs one string per id")
+        raise NmtError(
+            "checkpoint tokenizer: duplicate SentencePiece pieces; CTranslate2 "
+            "needs one string per id"
+        )
     ids = (proc.bos_id(), proc.pad_id(), proc.eos_id(), proc.unk_id())
     if ids != (BOS, PAD, EOS, UNK):
-        raise NmtError(f"checkpoint tokenizer: special ids (bos, pad, eos, unk) = {ids}, not "
-                       f"nmt's {(BOS, PAD, EOS, UNK)}; re-run nmt-preprocess")
+        raise NmtError(
+            f"checkpoint tokenizer: special ids (bos, pad, eos, unk) = {ids}, not "
+            f"nmt's {(BOS, PAD, EOS, UNK)}; re-run nmt-preprocess"
+        )
     return pieces
 
 
-def export_ctranslate2(checkpoint: str | os.PathLike, output_dir: str | os.PathLike,
-                       quantization: str = "none", overwrite: bool = False) -> dict[str, Any]:
+def export_ctranslate2(
+    checkpoint: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    quantization: str = "none",
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Write a CTranslate2 model directory; returns what was written (for the summary).
 
     The directory is assembled under a temporary name beside `output_dir` and renamed
@@ -163,16 +180,22 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output_dir: str | os.PathL
         raise NmtError(f"quantization: {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     output_dir = Path(output_dir)
     if output_dir.exists() and not overwrite:
-        raise NmtError(f"output_dir: {output_dir} already exists; choose another path or pass "
-                       "overwrite=true")
+        raise NmtError(
+            f"output_dir: {output_dir} already exists; choose another path or pass overwrite=true"
+        )
     from nmt.checkpoint import load_for_inference
 
     bundle = load_for_inference(checkpoint, "cpu")
     src_pieces = spm_pieces(bundle.src_tokenizer.model_bytes)
     tgt_pieces = spm_pieces(bundle.tgt_tokenizer.model_bytes)
-    if len(src_pieces) != bundle.data["src_vocab_size"] or len(tgt_pieces) != bundle.data["tgt_vocab_size"]:
-        raise NmtError(f"{checkpoint}: tokenizer sizes ({len(src_pieces)}, {len(tgt_pieces)}) differ "
-                       "from the model's vocabulary sizes; the checkpoint is inconsistent")
+    if (
+        len(src_pieces) != bundle.data["src_vocab_size"]
+        or len(tgt_pieces) != bundle.data["tgt_vocab_size"]
+    ):
+        raise NmtError(
+            f"{checkpoint}: tokenizer sizes ({len(src_pieces)}, {len(tgt_pieces)}) differ "
+            "from the model's vocabulary sizes; the checkpoint is inconsistent"
+        )
     with torch.no_grad():
         spec = build_spec(bundle.model, bundle.model_config, src_pieces, tgt_pieces)
     try:
@@ -187,14 +210,26 @@ def export_ctranslate2(checkpoint: str | os.PathLike, output_dir: str | os.PathL
         spec.save(str(tmp))
         data = bundle.data
         spm_files = _write_tokenizers(tmp, bundle, data)
-        info = {"exported_from": str(checkpoint), "quantization": quantization,
-                "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),
-                "spm": spm_files, "special_ids": data.get("special_ids"),
-                "normalization": data.get("normalization"),
-                "model_config": {k: getattr(bundle.model_config, k) for k in
-                                 ("embed_dim", "encoder_layers", "decoder_layers",
-                                  "normalize_before", "max_source_positions",
-                                  "max_target_positions")}}
+        info = {
+            "exported_from": str(checkpoint),
+            "quantization": quantization,
+            "src_lang": data.get("src_lang"),
+            "tgt_lang": data.get("tgt_lang"),
+            "spm": spm_files,
+            "special_ids": data.get("special_ids"),
+            "normalization": data.get("normalization"),
+            "model_config": {
+                k: getattr(bundle.model_config, k)
+                for k in (
+                    "embed_dim",
+                    "encoder_layers",
+                    "decoder_layers",
+                    "normalize_before",
+                    "max_source_positions",
+                    "max_target_positions",
+                )
+            },
+        }
         (tmp / "nmt_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         _replace_dir(tmp, output_dir)
     except OSError as exc:
@@ -211,8 +246,10 @@ def _write_tokenizers(directory: Path, bundle: Any, data: dict[str, Any]) -> dic
     if src == tgt:
         (directory / "spm.model").write_bytes(src)
         return {"src": "spm.model", "tgt": "spm.model"}
-    names = {"src": f"spm.{data.get('src_lang', 'src')}.model",
-             "tgt": f"spm.{data.get('tgt_lang', 'tgt')}.model"}
+    names = {
+        "src": f"spm.{data.get('src_lang', 'src')}.model",
+        "tgt": f"spm.{data.get('tgt_lang', 'tgt')}.model",
+    }
     (directory / names["src"]).write_bytes(src)
     (directory / names["tgt"]).write_bytes(tgt)
     return names

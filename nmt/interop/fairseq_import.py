@@ -20,9 +20,10 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -33,9 +34,14 @@ from nmt.interop.safe_unpickle import load_untrusted
 
 # fairseq's TransformerModel architectures (transformer_legacy.py); all share one layout.
 SUPPORTED_ARCHS = (
-    "transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
-    "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
-    "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t",
+    "transformer",
+    "transformer_tiny",
+    "transformer_iwslt_de_en",
+    "transformer_wmt_en_de",
+    "transformer_vaswani_wmt_en_de_big",
+    "transformer_vaswani_wmt_en_fr_big",
+    "transformer_wmt_en_de_big",
+    "transformer_wmt_en_de_big_t2t",
 )
 SPECIAL_PIECES = {BOS: "<s>", PAD: "<pad>", EOS: "</s>", UNK: "<unk>"}  # fairseq's and nmt's
 MADEUP = re.compile(r"^madeupword\d+$")  # fairseq's pad-to-multiple-of-8 filler symbols
@@ -99,16 +105,22 @@ def read_fairseq_checkpoint(path: str | Path) -> FairseqCheckpoint:
     else:
         cfg = _plain(ckpt.get("cfg"))
         if not isinstance(cfg, Mapping) or cfg.get("model") is None:
-            raise NmtError(f"{path}: fairseq checkpoint has neither 'args' nor 'cfg.model'; "
-                           "cannot tell its architecture")
+            raise NmtError(
+                f"{path}: fairseq checkpoint has neither 'args' nor 'cfg.model'; "
+                "cannot tell its architecture"
+            )
         model_args = _flatten_model_cfg(_plain(cfg["model"]))
         task = _plain(cfg.get("task")) or {}
         if not isinstance(task, Mapping):
             task = {}
     state = {k: v for k, v in ckpt["model"].items() if isinstance(v, Tensor)}
-    return FairseqCheckpoint(path=path, state=state, args=model_args,
-                             source_lang=task.get("source_lang") or model_args.get("source_lang"),
-                             target_lang=task.get("target_lang") or model_args.get("target_lang"))
+    return FairseqCheckpoint(
+        path=path,
+        state=state,
+        args=model_args,
+        source_lang=task.get("source_lang") or model_args.get("source_lang"),
+        target_lang=task.get("target_lang") or model_args.get("target_lang"),
+    )
 
 
 def read_fairseq_dictionary(path: str | Path) -> list[str]:
@@ -119,8 +131,10 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
     """
     path = Path(path)
     if not path.is_file():
-        raise NmtError(f"{path}: fairseq dictionary not found; pass src_dict=/tgt_dict= or "
-                       "data_dir= (the fairseq-preprocess destdir)")
+        raise NmtError(
+            f"{path}: fairseq dictionary not found; pass src_dict=/tgt_dict= or "
+            "data_dir= (the fairseq-preprocess destdir)"
+        )
     symbols = [SPECIAL_PIECES[i] for i in range(4)]
     seen = set(symbols)
     with open(path, encoding="utf-8") as f:
@@ -133,11 +147,15 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
             if overwrite:
                 parts = parts[0].rsplit(" ", 1)
             if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-                raise NmtError(f"{path}:{lineno}: expected '<symbol> <count> [flags]', got {line[:60]!r}")
+                raise NmtError(
+                    f"{path}:{lineno}: expected '<symbol> <count> [flags]', got {line[:60]!r}"
+                )
             word = parts[0]
             if word in seen and not overwrite:
-                raise NmtError(f"{path}:{lineno}: duplicate symbol {word!r} (fairseq rejects it "
-                               "too unless the line ends with #fairseq:overwrite)")
+                raise NmtError(
+                    f"{path}:{lineno}: duplicate symbol {word!r} (fairseq rejects it "
+                    "too unless the line ends with #fairseq:overwrite)"
+                )
             seen.add(word)
             symbols.append(word)
     return symbols
@@ -160,7 +178,8 @@ def spm_with_nmt_specials(model_bytes: bytes, source: str) -> bytes:
     except Exception as exc:
         raise NmtError(f"{source}: not a SentencePiece model ({str(exc)[:120]})") from exc
     if (proc.bos_id(), proc.pad_id(), proc.eos_id(), proc.unk_id()) == (BOS, PAD, EOS, UNK) and all(
-            proc.id_to_piece(i) == p for i, p in SPECIAL_PIECES.items()):
+        proc.id_to_piece(i) == p for i, p in SPECIAL_PIECES.items()
+    ):
         return model_bytes
     from sentencepiece import sentencepiece_model_pb2 as pb
 
@@ -181,7 +200,11 @@ def spm_with_nmt_specials(model_bytes: bytes, source: str) -> bytes:
     proto.pieces.extend(specials + kept)
     spec.bos_id, spec.pad_id, spec.eos_id, spec.unk_id = BOS, PAD, EOS, UNK
     spec.bos_piece, spec.pad_piece, spec.eos_piece, spec.unk_piece = (
-        SPECIAL_PIECES[BOS], SPECIAL_PIECES[PAD], SPECIAL_PIECES[EOS], SPECIAL_PIECES[UNK])
+        SPECIAL_PIECES[BOS],
+        SPECIAL_PIECES[PAD],
+        SPECIAL_PIECES[EOS],
+        SPECIAL_PIECES[UNK],
+    )
     out = proto.SerializeToString()
     spm.SentencePieceProcessor(model_proto=out)  # must load: fails loudly on a bad rewrite
     return out
@@ -227,8 +250,14 @@ def vocab_map(pieces: list[str], symbols: list[str]) -> VocabMap:
     extra = [s for s in symbols[4:] if s not in piece_set]
     padding = [s for s in extra if MADEUP.match(s)]
     dropped = [s for s in extra if not MADEUP.match(s)]
-    return VocabMap(rows=rows, missing=len(missing), dropped=len(dropped), padding=len(padding),
-                    missing_examples=missing[:5], dropped_examples=dropped[:5])
+    return VocabMap(
+        rows=rows,
+        missing=len(missing),
+        dropped=len(dropped),
+        padding=len(padding),
+        missing_examples=missing[:5],
+        dropped_examples=dropped[:5],
+    )
 
 
 # ----------------------------------------------------------------------- architecture
@@ -243,47 +272,90 @@ def check_supported(args: Mapping[str, Any], path: Path) -> None:
     """NmtError naming the first fairseq feature nmt's Transformer does not have."""
     arch = str(args.get("arch") or "")
     if "align" in arch:
-        raise NmtError(f"{path}: architecture {arch!r} adds alignment heads "
-                       "(alignment-augmented transformer), which nmt does not support")
+        raise NmtError(
+            f"{path}: architecture {arch!r} adds alignment heads "
+            "(alignment-augmented transformer), which nmt does not support"
+        )
     if arch.startswith("transformer_lm") or arch in ("lightconv_lm", "fconv_lm"):
-        raise NmtError(f"{path}: architecture {arch!r} is a language model; nmt imports "
-                       "encoder-decoder translation models only")
+        raise NmtError(
+            f"{path}: architecture {arch!r} is a language model; nmt imports "
+            "encoder-decoder translation models only"
+        )
     if arch not in SUPPORTED_ARCHS:
-        raise NmtError(f"{path}: architecture {arch!r} is not supported; nmt imports fairseq's "
-                       f"transformer architectures: {', '.join(SUPPORTED_ARCHS)}")
+        raise NmtError(
+            f"{path}: architecture {arch!r} is not supported; nmt imports fairseq's "
+            f"transformer architectures: {', '.join(SUPPORTED_ARCHS)}"
+        )
     features = [
         ("adaptive_input", bool(args.get("adaptive_input")), "adaptive input embeddings"),
-        ("adaptive_softmax_cutoff", args.get("adaptive_softmax_cutoff") not in (None, "", 0),
-         "adaptive softmax"),
-        ("quant_noise_pq", float(_arg(args, "quant_noise_pq", 0)) > 0, "quant-noise (--quant-noise-pq)"),
-        ("quant_noise_scalar", float(_arg(args, "quant_noise_scalar", 0)) > 0,
-         "quant-noise (--quant-noise-scalar)"),
-        ("no_token_positional_embeddings", bool(args.get("no_token_positional_embeddings")),
-         "models without positional embeddings"),
+        (
+            "adaptive_softmax_cutoff",
+            args.get("adaptive_softmax_cutoff") not in (None, "", 0),
+            "adaptive softmax",
+        ),
+        (
+            "quant_noise_pq",
+            float(_arg(args, "quant_noise_pq", 0)) > 0,
+            "quant-noise (--quant-noise-pq)",
+        ),
+        (
+            "quant_noise_scalar",
+            float(_arg(args, "quant_noise_scalar", 0)) > 0,
+            "quant-noise (--quant-noise-scalar)",
+        ),
+        (
+            "no_token_positional_embeddings",
+            bool(args.get("no_token_positional_embeddings")),
+            "models without positional embeddings",
+        ),
         ("cross_self_attention", bool(args.get("cross_self_attention")), "cross+self attention"),
-        ("no_cross_attention", bool(args.get("no_cross_attention")), "decoders without cross attention"),
+        (
+            "no_cross_attention",
+            bool(args.get("no_cross_attention")),
+            "decoders without cross attention",
+        ),
         ("char_inputs", bool(args.get("char_inputs")), "character inputs"),
         ("base_layers", int(_arg(args, "base_layers", 0)) > 0, "BASE layers"),
-        ("encoder_layers_to_keep", bool(args.get("encoder_layers_to_keep")), "pruned layers (layers_to_keep)"),
-        ("decoder_layers_to_keep", bool(args.get("decoder_layers_to_keep")), "pruned layers (layers_to_keep)"),
-        ("no_decoder_final_norm", bool(args.get("no_decoder_final_norm")), "pre-norm without the final decoder LayerNorm"),
+        (
+            "encoder_layers_to_keep",
+            bool(args.get("encoder_layers_to_keep")),
+            "pruned layers (layers_to_keep)",
+        ),
+        (
+            "decoder_layers_to_keep",
+            bool(args.get("decoder_layers_to_keep")),
+            "pruned layers (layers_to_keep)",
+        ),
+        (
+            "no_decoder_final_norm",
+            bool(args.get("no_decoder_final_norm")),
+            "pre-norm without the final decoder LayerNorm",
+        ),
     ]
     for key, present, name in features:
         if present:
-            raise NmtError(f"{path}: {name} ({key}={args.get(key)!r}) is not supported by nmt's Transformer")
-    for a, b, what in (("encoder_embed_dim", "decoder_embed_dim", "embedding widths"),
-                       ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "FFN widths"),
-                       ("encoder_attention_heads", "decoder_attention_heads", "attention heads"),
-                       ("encoder_normalize_before", "decoder_normalize_before", "norm placements"),
-                       ("encoder_learned_pos", "decoder_learned_pos", "position embedding kinds")):
+            raise NmtError(
+                f"{path}: {name} ({key}={args.get(key)!r}) is not supported by nmt's Transformer"
+            )
+    for a, b, what in (
+        ("encoder_embed_dim", "decoder_embed_dim", "embedding widths"),
+        ("encoder_ffn_embed_dim", "decoder_ffn_embed_dim", "FFN widths"),
+        ("encoder_attention_heads", "decoder_attention_heads", "attention heads"),
+        ("encoder_normalize_before", "decoder_normalize_before", "norm placements"),
+        ("encoder_learned_pos", "decoder_learned_pos", "position embedding kinds"),
+    ):
         if a in args and b in args and args[a] != args[b]:
-            raise NmtError(f"{path}: different encoder and decoder {what} ({a}={args[a]}, "
-                           f"{b}={args[b]}) are not supported by nmt's Transformer")
+            raise NmtError(
+                f"{path}: different encoder and decoder {what} ({a}={args[a]}, "
+                f"{b}={args[b]}) are not supported by nmt's Transformer"
+            )
     dim = args.get("decoder_embed_dim")
     for key in ("decoder_input_dim", "decoder_output_dim"):
         if dim is not None and args.get(key) not in (None, dim):
-            raise NmtError(f"{path}: {key}={args[key]} differs from decoder_embed_dim={dim} "
-                           "(projected decoder input/output), which nmt does not support")
+            raise NmtError(
+                f"{path}: {key}={args[key]} differs from decoder_embed_dim={dim} "
+                "(projected decoder input/output), which nmt does not support"
+            )
     act = _arg(args, "activation_fn", "relu")
     if act not in ("relu", "gelu"):
         raise NmtError(f"{path}: activation_fn={act!r} is not supported; nmt has relu and gelu")
@@ -293,8 +365,10 @@ def _count_layers(state: Mapping[str, Tensor], prefix: str) -> int:
     pattern = re.compile(rf"^{prefix}\.layers\.(\d+)\.")
     found = {int(m.group(1)) for k in state if (m := pattern.match(k))}
     if found != set(range(len(found))):
-        raise NmtError(f"{prefix} layers {sorted(found)} are not numbered 0..n-1 "
-                       "(pruned with layers_to_keep?); nmt cannot import them")
+        raise NmtError(
+            f"{prefix} layers {sorted(found)} are not numbered 0..n-1 "
+            "(pruned with layers_to_keep?); nmt cannot import them"
+        )
     return len(found)
 
 
@@ -305,17 +379,23 @@ def model_config_from_fairseq(ckpt: FairseqCheckpoint) -> dict[str, Any]:
     emb = state.get("encoder.embed_tokens.weight")
     fc1 = state.get("encoder.layers.0.fc1.weight")
     if emb is None or fc1 is None:
-        raise NmtError(f"{path}: no encoder.embed_tokens / encoder.layers.0.fc1 weights; "
-                       "not a fairseq transformer state dict")
+        raise NmtError(
+            f"{path}: no encoder.embed_tokens / encoder.layers.0.fc1 weights; "
+            "not a fairseq transformer state dict"
+        )
     heads = args.get("encoder_attention_heads")
     if heads is None:
-        raise NmtError(f"{path}: args lack encoder_attention_heads; the tensors cannot tell the "
-                       "number of heads")
+        raise NmtError(
+            f"{path}: args lack encoder_attention_heads; the tensors cannot tell the "
+            "number of heads"
+        )
     learned = "encoder.embed_positions.weight" in state
     norm_before = "encoder.layer_norm.weight" in state
     if norm_before != ("decoder.layer_norm.weight" in state):
-        raise NmtError(f"{path}: encoder and decoder disagree on pre-norm (final layer_norm "
-                       "present on one side only), which nmt does not support")
+        raise NmtError(
+            f"{path}: encoder and decoder disagree on pre-norm (final layer_norm "
+            "present on one side only), which nmt does not support"
+        )
     share_all = bool(args.get("share_all_embeddings"))
     return {
         "embed_dim": int(emb.shape[1]),
@@ -325,7 +405,9 @@ def model_config_from_fairseq(ckpt: FairseqCheckpoint) -> dict[str, Any]:
         "decoder_layers": _count_layers(state, "decoder"),
         "dropout": float(_arg(args, "dropout", 0.1)),
         "attention_dropout": float(_arg(args, "attention_dropout", 0.0)),
-        "activation_dropout": float(_arg(args, "activation_dropout", _arg(args, "relu_dropout", 0.0))),
+        "activation_dropout": float(
+            _arg(args, "activation_dropout", _arg(args, "relu_dropout", 0.0))
+        ),
         "activation_fn": str(_arg(args, "activation_fn", "relu")),
         "normalize_before": norm_before,
         "max_source_positions": int(_arg(args, "max_source_positions", 1024)),
@@ -345,8 +427,10 @@ def _upgrade_keys(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """fairseq's own state-dict upgrades for old checkpoints: fused in_proj -> q/k/v,
     `layer_norms.N` -> named norms, `embed_out` -> output_projection; buffers dropped."""
     out: dict[str, Tensor] = {}
-    norm_names = {"encoder": ("self_attn_layer_norm", "final_layer_norm"),
-                  "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")}
+    norm_names = {
+        "encoder": ("self_attn_layer_norm", "final_layer_norm"),
+        "decoder": ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"),
+    }
     for key, value in state.items():
         if key.endswith((".version", "._float_tensor")):
             continue  # fairseq bookkeeping buffers, not weights
@@ -367,30 +451,42 @@ def _upgrade_keys(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def convert_state(ckpt: FairseqCheckpoint, cfg: dict[str, Any], src_map: VocabMap,
-                  tgt_map: VocabMap) -> dict[str, Tensor]:
+def convert_state(
+    ckpt: FairseqCheckpoint, cfg: dict[str, Any], src_map: VocabMap, tgt_map: VocabMap
+) -> dict[str, Tensor]:
     """fairseq tensors under nmt's names (the same names), vocabulary rows re-ordered."""
     state = _upgrade_keys(ckpt.state)
     if "decoder.output_projection.weight" not in state:
         if not (cfg["share_decoder_input_output_embed"] or cfg["share_all_embeddings"]):
-            raise NmtError(f"{ckpt.path}: no decoder.output_projection weights and no shared "
-                           "embeddings; the checkpoint is incomplete")
+            raise NmtError(
+                f"{ckpt.path}: no decoder.output_projection weights and no shared "
+                "embeddings; the checkpoint is incomplete"
+            )
         state["decoder.output_projection.weight"] = state["decoder.embed_tokens.weight"]
-    for key, vmap in (("encoder.embed_tokens.weight", src_map), ("decoder.embed_tokens.weight", tgt_map),
-                      ("decoder.output_projection.weight", tgt_map)):
+    for key, vmap in (
+        ("encoder.embed_tokens.weight", src_map),
+        ("decoder.embed_tokens.weight", tgt_map),
+        ("decoder.output_projection.weight", tgt_map),
+    ):
         weight = state[key]
         if max(vmap.rows) >= weight.shape[0]:
-            raise NmtError(f"{ckpt.path}: {key} has {weight.shape[0]} rows but the dictionary "
-                           f"has more symbols; the dict.*.txt files are not this model's")
+            raise NmtError(
+                f"{ckpt.path}: {key} has {weight.shape[0]} rows but the dictionary "
+                f"has more symbols; the dict.*.txt files are not this model's"
+            )
         state[key] = weight[torch.tensor(vmap.rows)].clone()  # [V_nmt, D]: nmt id order
     return state
 
 
-def _check_dictionary_size(ckpt: FairseqCheckpoint, key: str, symbols: list[str], where: str) -> None:
+def _check_dictionary_size(
+    ckpt: FairseqCheckpoint, key: str, symbols: list[str], where: str
+) -> None:
     rows = ckpt.state[key].shape[0]
     if len(symbols) != rows:  # the translation task embeds exactly the dictionary
-        raise NmtError(f"{where}: {len(symbols)} symbols, but the checkpoint's {key} has {rows} "
-                       "rows; this is not the dictionary the model was trained with")
+        raise NmtError(
+            f"{where}: {len(symbols)} symbols, but the checkpoint's {key} has {rows} "
+            "rows; this is not the dictionary the model was trained with"
+        )
 
 
 # ------------------------------------------------------------------------------- import
@@ -407,18 +503,36 @@ class ImportReport:
     spm_rewritten: bool
 
     def lines(self) -> list[str]:
-        out = [f"fairseq arch {self.arch}: " + ", ".join(
-            f"{k}={v}" for k, v in self.model_config.items()
-            if k in ("embed_dim", "ffn_dim", "attention_heads", "encoder_layers",
-                     "decoder_layers", "normalize_before", "learned_pos", "share_all_embeddings"))]
+        out = [
+            f"fairseq arch {self.arch}: "
+            + ", ".join(
+                f"{k}={v}"
+                for k, v in self.model_config.items()
+                if k
+                in (
+                    "embed_dim",
+                    "ffn_dim",
+                    "attention_heads",
+                    "encoder_layers",
+                    "decoder_layers",
+                    "normalize_before",
+                    "learned_pos",
+                    "share_all_embeddings",
+                )
+            )
+        ]
         for side, vm in (("source", self.src), ("target", self.tgt)):
-            out.append(f"{side} vocabulary: {len(vm.rows)} pieces; {vm.missing} pieces not in "
-                       f"the fairseq dict get the <unk> row{_examples(vm.missing_examples)}; "
-                       f"{vm.dropped} fairseq symbols that are no piece dropped"
-                       f"{_examples(vm.dropped_examples)}; {vm.padding} madeupword fillers dropped")
+            out.append(
+                f"{side} vocabulary: {len(vm.rows)} pieces; {vm.missing} pieces not in "
+                f"the fairseq dict get the <unk> row{_examples(vm.missing_examples)}; "
+                f"{vm.dropped} fairseq symbols that are no piece dropped"
+                f"{_examples(vm.dropped_examples)}; {vm.padding} madeupword fillers dropped"
+            )
         if self.spm_rewritten:
-            out.append("SentencePiece model rewritten to nmt's special ids (<s>0 <pad>1 </s>2 "
-                       "<unk>3); segmentation is unchanged")
+            out.append(
+                "SentencePiece model rewritten to nmt's special ids (<s>0 <pad>1 </s>2 "
+                "<unk>3); segmentation is unchanged"
+            )
         return out
 
 
@@ -426,9 +540,15 @@ def _examples(items: list[str]) -> str:
     return f" (e.g. {', '.join(items)})" if items else ""
 
 
-def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str | Path,
-                   src_spm: str | Path, tgt_spm: str | Path, src_lang: str | None = None,
-                   tgt_lang: str | None = None) -> tuple[dict[str, Any], ImportReport]:
+def import_fairseq(
+    ckpt: FairseqCheckpoint,
+    src_dict: str | Path,
+    tgt_dict: str | Path,
+    src_spm: str | Path,
+    tgt_spm: str | Path,
+    src_lang: str | None = None,
+    tgt_lang: str | None = None,
+) -> tuple[dict[str, Any], ImportReport]:
     """Build the nmt checkpoint dict (docs/ARCHITECTURE.md) for a fairseq checkpoint."""
     from nmt.checkpoint import build_checkpoint
     from nmt.model.config import ModelConfig
@@ -439,8 +559,10 @@ def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str 
     tgt_lang = tgt_lang or ckpt.target_lang or "tgt"
 
     spm_bytes = {"src": _read_spm(src_spm), "tgt": _read_spm(tgt_spm)}
-    fixed = {"src": spm_with_nmt_specials(spm_bytes["src"], str(src_spm)),
-             "tgt": spm_with_nmt_specials(spm_bytes["tgt"], str(tgt_spm))}
+    fixed = {
+        "src": spm_with_nmt_specials(spm_bytes["src"], str(src_spm)),
+        "tgt": spm_with_nmt_specials(spm_bytes["tgt"], str(tgt_spm)),
+    }
     src_symbols = read_fairseq_dictionary(src_dict)
     tgt_symbols = read_fairseq_dictionary(tgt_dict)
     _check_dictionary_size(ckpt, "encoder.embed_tokens.weight", src_symbols, str(src_dict))
@@ -449,41 +571,68 @@ def import_fairseq(ckpt: FairseqCheckpoint, src_dict: str | Path, tgt_dict: str 
     tgt_map = vocab_map(_pieces_in_id_order(fixed["tgt"]), tgt_symbols)
     for vmap, sp_path, dict_path in ((src_map, src_spm, src_dict), (tgt_map, tgt_spm, tgt_dict)):
         if vmap.missing > (len(vmap.rows) - 4) / 2:
-            raise NmtError(f"{dict_path}: {vmap.missing} of {len(vmap.rows) - 4} pieces of {sp_path} "
-                           "are not in this dictionary; pass the SentencePiece model the fairseq "
-                           "data was encoded with")
+            raise NmtError(
+                f"{dict_path}: {vmap.missing} of {len(vmap.rows) - 4} pieces of {sp_path} "
+                "are not in this dictionary; pass the SentencePiece model the fairseq "
+                "data was encoded with"
+            )
     joint = fixed["src"] == fixed["tgt"]
     if cfg["share_all_embeddings"] and (not joint or src_symbols != tgt_symbols):
-        raise NmtError(f"{checkpoint}: share_all_embeddings needs one joint dictionary and one "
-                       "SentencePiece model for both languages; pass spm= and matching dicts")
+        raise NmtError(
+            f"{checkpoint}: share_all_embeddings needs one joint dictionary and one "
+            "SentencePiece model for both languages; pass spm= and matching dicts"
+        )
 
     model_cfg = ModelConfig(**cfg)
-    model_state = _nmt_state(convert_state(ckpt, cfg, src_map, tgt_map), model_cfg,
-                             len(src_map.rows), len(tgt_map.rows), checkpoint)
+    model_state = _nmt_state(
+        convert_state(ckpt, cfg, src_map, tgt_map),
+        model_cfg,
+        len(src_map.rows),
+        len(tgt_map.rows),
+        checkpoint,
+    )
     nmt_ckpt = build_checkpoint(
-        model_state=model_state, model_config=asdict(model_cfg),
-        data={"src_lang": src_lang, "tgt_lang": tgt_lang,
-              "src_vocab_size": len(src_map.rows), "tgt_vocab_size": len(tgt_map.rows),
-              "joint_vocab": joint, "special_ids": dict(SPECIAL_IDS),
-              "normalization": {"nfkc": False}},
-        src_tokenizer=fixed["src"], tgt_tokenizer=fixed["tgt"],
-        config={"imported_from": "fairseq", "fairseq_checkpoint": str(checkpoint),
-                "fairseq_args": _primitive_args(ckpt.args)})
-    report = ImportReport(arch=str(ckpt.args.get("arch")), model_config=cfg, src=src_map,
-                          tgt=tgt_map, spm_rewritten=fixed["src"] != spm_bytes["src"]
-                          or fixed["tgt"] != spm_bytes["tgt"])
+        model_state=model_state,
+        model_config=asdict(model_cfg),
+        data={
+            "src_lang": src_lang,
+            "tgt_lang": tgt_lang,
+            "src_vocab_size": len(src_map.rows),
+            "tgt_vocab_size": len(tgt_map.rows),
+            "joint_vocab": joint,
+            "special_ids": dict(SPECIAL_IDS),
+            "normalization": {"nfkc": False},
+        },
+        src_tokenizer=fixed["src"],
+        tgt_tokenizer=fixed["tgt"],
+        config={
+            "imported_from": "fairseq",
+            "fairseq_checkpoint": str(checkpoint),
+            "fairseq_args": _primitive_args(ckpt.args),
+        },
+    )
+    report = ImportReport(
+        arch=str(ckpt.args.get("arch")),
+        model_config=cfg,
+        src=src_map,
+        tgt=tgt_map,
+        spm_rewritten=fixed["src"] != spm_bytes["src"] or fixed["tgt"] != spm_bytes["tgt"],
+    )
     return nmt_ckpt, report
 
 
 def _read_spm(path: str | Path) -> bytes:
     path = Path(path)
     if not path.is_file():
-        raise NmtError(f"{path}: SentencePiece model not found; pass spm= (or src_spm= and tgt_spm=)")
+        raise NmtError(
+            f"{path}: SentencePiece model not found; pass spm= (or src_spm= and tgt_spm=)"
+        )
     return path.read_bytes()
 
 
-def _nmt_state(state: dict[str, Tensor], cfg: Any, src_vocab: int, tgt_vocab: int,
-               checkpoint: Path) -> dict[str, Tensor]:
+def _nmt_state(
+    state: dict[str, Tensor], cfg: Any, src_vocab: int, tgt_vocab: int, checkpoint: Path
+) -> dict[str, Tensor]:
     """Load the converted tensors into nmt's Transformer (every key and shape checked) and
     return its state dict, so that tied weights are tied exactly as nmt ties them."""
     from nmt.model.transformer import Transformer
@@ -494,12 +643,16 @@ def _nmt_state(state: dict[str, Tensor], cfg: Any, src_vocab: int, tgt_vocab: in
     unexpected = sorted(set(state) - set(expected))
     absent = sorted(set(expected) - set(state))
     if unexpected or absent:
-        raise NmtError(f"{checkpoint}: weights do not map onto nmt's Transformer: unexpected "
-                       f"{unexpected[:4]}, missing {absent[:4]}; is this a plain fairseq transformer?")
+        raise NmtError(
+            f"{checkpoint}: weights do not map onto nmt's Transformer: unexpected "
+            f"{unexpected[:4]}, missing {absent[:4]}; is this a plain fairseq transformer?"
+        )
     for key, value in state.items():
         if tuple(value.shape) != tuple(expected[key].shape):
-            raise NmtError(f"{checkpoint}: {key} has shape {tuple(value.shape)}, nmt expects "
-                           f"{tuple(expected[key].shape)} from the checkpoint's args")
+            raise NmtError(
+                f"{checkpoint}: {key} has shape {tuple(value.shape)}, nmt expects "
+                f"{tuple(expected[key].shape)} from the checkpoint's args"
+            )
     model.load_state_dict(state, strict=True)
     return model.state_dict()
 

@@ -63,8 +63,17 @@ def _omegaconf_globals() -> dict[tuple[str, str], Any]:
         ("omegaconf.base", "Metadata"): base.Metadata,
         ("typing", "Any"): typing.Any,  # a node's declared type, stored as data
     }
-    for name in ("AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode",
-                 "EnumNode", "BytesNode", "PathNode", "ValueNode"):
+    for name in (
+        "AnyNode",
+        "StringNode",
+        "IntegerNode",
+        "FloatNode",
+        "BooleanNode",
+        "EnumNode",
+        "BytesNode",
+        "PathNode",
+        "ValueNode",
+    ):
         if hasattr(nodes, name):
             out[("omegaconf.nodes", name)] = getattr(nodes, name)
     return out
@@ -78,8 +87,13 @@ def _torch_globals() -> dict[tuple[str, str], Any]:
         ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
         ("torch._tensor", "_rebuild_from_type_v2"): torch._tensor._rebuild_from_type_v2,
     }
-    for name in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_parameter",
-                 "_rebuild_parameter_with_state", "_rebuild_device_tensor_from_numpy"):
+    for name in (
+        "_rebuild_tensor",
+        "_rebuild_tensor_v2",
+        "_rebuild_parameter",
+        "_rebuild_parameter_with_state",
+        "_rebuild_device_tensor_from_numpy",
+    ):
         if hasattr(torch._utils, name):
             out[("torch._utils", name)] = getattr(torch._utils, name)
     for attr in dir(torch):  # dtypes are pickled by name: torch.float32, torch.int64, ...
@@ -97,8 +111,21 @@ def _builtin_globals() -> dict[tuple[str, str], Any]:
         ("argparse", "Namespace"): argparse.Namespace,
         ("_codecs", "encode"): __import__("codecs").encode,  # bytes under pickle protocol 2
     }
-    for t in (dict, list, tuple, set, frozenset, int, float, complex, bool, str, bytes,
-              bytearray, slice):
+    for t in (
+        dict,
+        list,
+        tuple,
+        set,
+        frozenset,
+        int,
+        float,
+        complex,
+        bool,
+        str,
+        bytes,
+        bytearray,
+        slice,
+    ):
         out[("builtins", t.__name__)] = t
     return out
 
@@ -180,5 +207,6 @@ def load_untrusted(path: str | os.PathLike) -> Any:
         raise
     except Exception as exc:  # truncated zip, not a pickle, ...: one line naming the file
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise NmtError(f"{path}: not a readable PyTorch checkpoint (truncated or corrupted?): "
-                       f"{first[:200]}") from exc
+        raise NmtError(
+            f"{path}: not a readable PyTorch checkpoint (truncated or corrupted?): {first[:200]}"
+        ) from exc

@@ -53,7 +53,12 @@ class CacheMemory:
         """An uninitialised tensor of `shape`, with like's dtype and device, in `slot`."""
         numel = math.prod(shape)
         flat = self._slots[slot]
-        if flat is None or flat.numel() < numel or flat.dtype != like.dtype or flat.device != like.device:
+        if (
+            flat is None
+            or flat.numel() < numel
+            or flat.dtype != like.dtype
+            or flat.device != like.device
+        ):
             flat = self._slots[slot] = like.new_empty(numel)
         return flat[:numel].view(shape)
 
@@ -67,8 +72,14 @@ class DecoderCache:
     the buffers come from (see CacheMemory; default: a memory of this cache's own).
     """
 
-    def __init__(self, num_layers: int, group: int = 1, capacity: int = 0,
-                 memory: CacheMemory | None = None, chunk: int = 16):
+    def __init__(
+        self,
+        num_layers: int,
+        group: int = 1,
+        capacity: int = 0,
+        memory: CacheMemory | None = None,
+        chunk: int = 16,
+    ):
         self.num_layers = num_layers
         self.group = group
         self.capacity = capacity
@@ -96,29 +107,39 @@ class DecoderCache:
         buf = self._self_kv
         assert buf is not None
         # [B,H,T,Dh] -> [N,H,T,G,Dh]: row g of a group goes to slot g of each new position
-        buf[layer, 0, :, :, start:end] = k.view(groups, g, heads, steps, head_dim).permute(0, 2, 3, 1, 4)
-        buf[layer, 1, :, :, start:end] = v.view(groups, g, heads, steps, head_dim).permute(0, 2, 3, 1, 4)
+        buf[layer, 0, :, :, start:end] = k.view(groups, g, heads, steps, head_dim).permute(
+            0, 2, 3, 1, 4
+        )
+        buf[layer, 1, :, :, start:end] = v.view(groups, g, heads, steps, head_dim).permute(
+            0, 2, 3, 1, 4
+        )
         keys, values = buf[layer, 0, :, :, :end], buf[layer, 1, :, :, :end]  # [N,H,end,G,Dh]
         if g == 1:  # each row has its own slots: plain attention
             keys, values = keys.squeeze(3), values.squeeze(3)  # [B,H,end,Dh]
             mask = None if start == 0 or steps == 1 else causal_mask(start, steps, k.device)
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                  is_causal=start == 0 and steps > 1)
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, is_causal=start == 0 and steps > 1
+            )
         assert self._ancestry is not None
         if layer == 0:  # the new positions are each row's own slots (the same in every layer)
             self._ancestry[:, :, start:end] = torch.arange(g, device=k.device)[None, :, None]
         own = self._ancestry[:, None, :, None, :end, None]  # [N,1,G,1,end,1]
         own = own.expand(groups, heads, g, steps, end, 1)  # [N,H,G,T,end,1]
         # The G queries of a group against all G*end slots of its keys: [N,H,G*T,G*end]
-        q = q.view(groups, g, heads, steps, head_dim).transpose(1, 2) * head_dim ** -0.5
-        scores = torch.matmul(q.reshape(groups, heads, g * steps, head_dim),
-                              keys.flatten(2, 3).transpose(2, 3))
-        scores = scores.view(groups, heads, g, steps, end, g).gather(5, own).squeeze(5)  # [N,H,G,T,end]
+        q = q.view(groups, g, heads, steps, head_dim).transpose(1, 2) * head_dim**-0.5
+        scores = torch.matmul(
+            q.reshape(groups, heads, g * steps, head_dim), keys.flatten(2, 3).transpose(2, 3)
+        )
+        scores = (
+            scores.view(groups, heads, g, steps, end, g).gather(5, own).squeeze(5)
+        )  # [N,H,G,T,end]
         if steps > 1:
             scores = scores.masked_fill(~causal_mask(start, steps, k.device), float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)  # [N,H,G,T,end]
         # Back onto the slots: the weight of each position on its own slot, zero elsewhere.
-        spread = probs.new_zeros(groups, heads, g, steps, end, g).scatter_(5, own, probs.unsqueeze(5))
+        spread = probs.new_zeros(groups, heads, g, steps, end, g).scatter_(
+            5, own, probs.unsqueeze(5)
+        )
         out = torch.matmul(spread.view(groups, heads, g * steps, end * g), values.flatten(2, 3))
         out = out.view(groups, heads, g, steps, head_dim).transpose(1, 2)  # [N,G,H,T,Dh]
         return out.reshape(batch, heads, steps, head_dim)
@@ -198,17 +219,21 @@ class DecoderCache:
         old_group = torch.div(index, g, rounding_mode="floor").view(-1, g)  # [N',G]
         groups = old_group[:, 0]  # [N'] the old group each new group comes from
         if g > 1 and not bool(old_group.eq(groups[:, None]).all()):
-            raise ValueError("reorder: with groups of rows, each new group must take all its "
-                             "rows from one old group")
+            raise ValueError(
+                "reorder: with groups of rows, each new group must take all its "
+                "rows from one old group"
+            )
         if groups.numel() != buf.size(2) or not torch.equal(
-                groups, torch.arange(groups.numel(), device=groups.device)):
+            groups, torch.arange(groups.numel(), device=groups.device)
+        ):
             # Groups left or moved: copy their slots (the only copy of cached keys/values).
             new = self._empty((*buf.shape[:2], groups.numel(), *buf.shape[3:]), buf)
             torch.index_select(buf[:, :, :, :, :filled], 2, groups, out=new[:, :, :, :, :filled])
             self._self_kv = new
             ancestry = ancestry[groups]
         if g > 1:
-            origin = (index.view(-1, g) - groups[:, None] * g)  # [N',G] row within the old group
+            origin = index.view(-1, g) - groups[:, None] * g  # [N',G] row within the old group
             ancestry[:, :, :filled] = ancestry[:, :, :filled].gather(
-                1, origin[:, :, None].expand(-1, -1, filled))
+                1, origin[:, :, None].expand(-1, -1, filled)
+            )
         self._ancestry = ancestry

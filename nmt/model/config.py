@@ -37,33 +37,52 @@ class ModelConfig:
 
     def validate(self, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> None:
         """Raise NmtError naming the `model.<key>` that cannot build a model."""
-        positive = ("embed_dim", "ffn_dim", "attention_heads", "encoder_layers",
-                    "decoder_layers", "max_source_positions", "max_target_positions")
+        positive = (
+            "embed_dim",
+            "ffn_dim",
+            "attention_heads",
+            "encoder_layers",
+            "decoder_layers",
+            "max_source_positions",
+            "max_target_positions",
+        )
         for key in positive:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
-                raise NmtError(f"model.{key}: {value!r} is not a positive integer; set it to 1 or more")
+                raise NmtError(
+                    f"model.{key}: {value!r} is not a positive integer; set it to 1 or more"
+                )
         if self.embed_dim % self.attention_heads:
-            raise NmtError(f"model.attention_heads: {self.attention_heads} does not divide "
-                           f"model.embed_dim={self.embed_dim}; choose a divisor of embed_dim")
+            raise NmtError(
+                f"model.attention_heads: {self.attention_heads} does not divide "
+                f"model.embed_dim={self.embed_dim}; choose a divisor of embed_dim"
+            )
         if not self.learned_pos and self.embed_dim < 4:
-            raise NmtError(f"model.embed_dim: {self.embed_dim} is too small for sinusoidal "
-                           "positions; use 4 or more, or model.learned_pos=true")
+            raise NmtError(
+                f"model.embed_dim: {self.embed_dim} is too small for sinusoidal "
+                "positions; use 4 or more, or model.learned_pos=true"
+            )
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, key)
             if not 0.0 <= value < 1.0:
                 raise NmtError(f"model.{key}: {value} is not a probability in [0, 1)")
         if self.activation_fn not in ACTIVATIONS:
-            raise NmtError(f"model.activation_fn: {self.activation_fn!r} is not one of "
-                           f"{', '.join(ACTIVATIONS)}")
+            raise NmtError(
+                f"model.activation_fn: {self.activation_fn!r} is not one of "
+                f"{', '.join(ACTIVATIONS)}"
+            )
         for side, size in (("source", src_vocab_size), ("target", tgt_vocab_size)):
             if size <= pad_id:
-                raise NmtError(f"{side} vocabulary size {size} does not contain the pad id "
-                               f"{pad_id}; check the data dir's meta.json")
+                raise NmtError(
+                    f"{side} vocabulary size {size} does not contain the pad id "
+                    f"{pad_id}; check the data dir's meta.json"
+                )
         if self.share_all_embeddings and src_vocab_size != tgt_vocab_size:
-            raise NmtError(f"model.share_all_embeddings: needs a joint vocabulary, but the source "
-                           f"has {src_vocab_size} entries and the target {tgt_vocab_size}; set "
-                           "model.share_all_embeddings=false or preprocess with a joint vocab")
+            raise NmtError(
+                f"model.share_all_embeddings: needs a joint vocabulary, but the source "
+                f"has {src_vocab_size} entries and the target {tgt_vocab_size}; set "
+                "model.share_all_embeddings=false or preprocess with a joint vocab"
+            )
 
     @property
     def shares_output_embed(self) -> bool:

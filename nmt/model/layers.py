@@ -13,7 +13,8 @@ kernels without materialising a mask.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
         self.padding_idx = padding_idx
         # Not persistent: it is a function of the config, so checkpoints need not carry it.
         self.register_buffer(
-            "weights", sinusoidal_table(max_positions + padding_idx + 1, embedding_dim, padding_idx),
+            "weights",
+            sinusoidal_table(max_positions + padding_idx + 1, embedding_dim, padding_idx),
             persistent=False,
         )
 
@@ -73,22 +75,24 @@ class LearnedPositionalEmbedding(nn.Embedding):
         super().__init__(max_positions + padding_idx + 1, embedding_dim, padding_idx=padding_idx)
         self.max_positions = max_positions
         self.config_key = config_key  # named in the error for a too-long input
-        nn.init.normal_(self.weight, mean=0.0, std=embedding_dim ** -0.5)
+        nn.init.normal_(self.weight, mean=0.0, std=embedding_dim**-0.5)
         nn.init.zeros_(self.weight[padding_idx])
 
     def forward(self, start: int, length: int) -> Tensor:  # type: ignore[override]
         if start + length > self.max_positions:
-            raise NmtError(f"{self.config_key}: a sequence of {start + length} tokens exceeds "
-                           f"the model's {self.max_positions} learned positions; shorten or "
-                           "filter the input")
+            raise NmtError(
+                f"{self.config_key}: a sequence of {start + length} tokens exceeds "
+                f"the model's {self.max_positions} learned positions; shorten or "
+                "filter the input"
+            )
         first = self.padding_idx + 1 + start
-        return self.weight[first:first + length]  # [T, D]
+        return self.weight[first : first + length]  # [T, D]
 
 
 def token_embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
     """Token embeddings initialised as fairseq's: N(0, D^-0.5), pad row zero."""
     emb = nn.Embedding(num_embeddings, embedding_dim, padding_idx=padding_idx)
-    nn.init.normal_(emb.weight, mean=0.0, std=embedding_dim ** -0.5)
+    nn.init.normal_(emb.weight, mean=0.0, std=embedding_dim**-0.5)
     nn.init.zeros_(emb.weight[padding_idx])
     return emb
 
@@ -122,7 +126,7 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
         return F.dropout(x, p, training)
     drop = round(p * 65536)  # dropped values out of 2**16
     n = x.numel()
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # full 64 bits
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # full 64 bits
     keep = bits.view(torch.int16)[:n].view(x.shape) >= drop - 32768  # P = 1 - drop / 2**16
     return x * (keep.to(x.dtype) * (65536 / (65536 - drop)))
 
@@ -132,8 +136,9 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 MATMUL_ATTENTION_MAX_KEYS = 128
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
-          is_causal: bool) -> Tensor:
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+) -> Tensor:
     """F.scaled_dot_product_attention [B,H,T,Dh] -> [B,H,T,Dh], with CPU training's own paths.
 
     When gradients are needed on a CPU, torch's flash attention is slow for NMT's short
@@ -144,21 +149,30 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float
     inference use SDPA as is.
     """
     if q.device.type != "cpu" or not torch.is_grad_enabled():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                              is_causal=is_causal)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )
     if k.size(-2) <= MATMUL_ATTENTION_MAX_KEYS:
         return matmul_attention(q, k, v, mask, is_causal, dropout_p)[0]
     if q.dtype != torch.bfloat16:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                              is_causal=is_causal)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )
     with torch.autocast("cpu", enabled=False):
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                             dropout_p=dropout_p, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(
+            q.float(),
+            k.float(),
+            v.float(),
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+        )
     return out.to(torch.bfloat16)
 
 
-def matmul_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-                     dropout_p: float) -> tuple[Tensor, Tensor]:
+def matmul_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float
+) -> tuple[Tensor, Tensor]:
     """Attention spelled out: q [B,H,T,Dh], k/v [B,H,K,Dh] -> (out [B,H,T,Dh], the attention
     probabilities [B,H,T,K] in fp32, before dropout). `mask` and `is_causal` as SDPA's."""
     scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1)).float()  # [B,H,T,K]
@@ -238,16 +252,32 @@ class MultiheadAttention(nn.Module):
         q, k, v = qkv.chunk(3, dim=-1)
         return self._heads(q), self._heads(k), self._heads(v)
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                is_causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """query [B,T,D] attends to key/value [B,H,K,Dh] -> ([B,T,D], weights [B,T,K] | None).
 
         See `attend`, which takes queries already projected.
         """
-        return self.attend(self._heads(self.q_proj(query)), key, value, mask, is_causal, need_weights)
+        return self.attend(
+            self._heads(self.q_proj(query)), key, value, mask, is_causal, need_weights
+        )
 
-    def attend(self, q: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-               is_causal: bool = False, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self,
+        q: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """Projected queries q [B,H,T,Dh] attend to key/value [B,H,K,Dh] -> ([B,T,D],
         weights [B,T,K] | None).
 
@@ -280,8 +310,9 @@ class MultiheadAttention(nn.Module):
         batch, _, length, _ = heads.shape
         return self.out_proj(heads.transpose(1, 2).reshape(batch, length, -1))
 
-    def _attend_with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                             is_causal: bool, p: float) -> tuple[Tensor, Tensor]:
+    def _attend_with_weights(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float
+    ) -> tuple[Tensor, Tensor]:
         out, probs = matmul_attention(q, k, v, mask, is_causal, p)
         return out, probs.mean(dim=1)  # weights averaged over heads: [B,T,K]
 
@@ -289,9 +320,17 @@ class MultiheadAttention(nn.Module):
 class _Layer(nn.Module):
     """What encoder and decoder layers share: self-attention and the FFN sub-layer."""
 
-    def __init__(self, embed_dim: int, ffn_dim: int, heads: int, dropout: float,
-                 attention_dropout: float, activation_dropout: float, activation_fn: str,
-                 normalize_before: bool):
+    def __init__(
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        heads: int,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        activation_fn: str,
+        normalize_before: bool,
+    ):
         super().__init__()
         self.normalize_before = normalize_before
         self.dropout = dropout
@@ -333,17 +372,40 @@ class TransformerEncoderLayer(_Layer):
 class TransformerDecoderLayer(_Layer):
     """Causal self-attention, encoder-decoder attention, then the FFN."""
 
-    def __init__(self, embed_dim: int, ffn_dim: int, heads: int, dropout: float,
-                 attention_dropout: float, activation_dropout: float, activation_fn: str,
-                 normalize_before: bool):
-        super().__init__(embed_dim, ffn_dim, heads, dropout, attention_dropout,
-                         activation_dropout, activation_fn, normalize_before)
+    def __init__(
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        heads: int,
+        dropout: float,
+        attention_dropout: float,
+        activation_dropout: float,
+        activation_fn: str,
+        normalize_before: bool,
+    ):
+        super().__init__(
+            embed_dim,
+            ffn_dim,
+            heads,
+            dropout,
+            attention_dropout,
+            activation_dropout,
+            activation_fn,
+            normalize_before,
+        )
         self.encoder_attn = MultiheadAttention(embed_dim, heads, attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(embed_dim)
 
-    def forward(self, x: Tensor, enc_k: Tensor, enc_v: Tensor, enc_mask: Tensor | None,
-                cache: DecoderCache | None = None, layer_idx: int = 0,
-                need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        enc_k: Tensor,
+        enc_v: Tensor,
+        enc_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        layer_idx: int = 0,
+        need_attn: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """x [B,T,D] -> ([B,T,D], encoder attention [B,T,S] averaged over heads | None).
 
         `enc_k`/`enc_v` [B,H,S,Dh] are the projected encoder states. Without a cache, x

@@ -48,8 +48,11 @@ def attend_mask(padding_mask: Tensor) -> Tensor | None:
     runs only on CPU tensors in eager mode: on a GPU it would wait for the device, and
     under torch.compile a branch on data would break the graph.
     """
-    if (padding_mask.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not bool(padding_mask.any())):
+    if (
+        padding_mask.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not bool(padding_mask.any())
+    ):
         return None
     return ~padding_mask[:, None, None, :]
 
@@ -61,10 +64,16 @@ def _positions(cfg: ModelConfig, pad_id: int, max_positions: int, key: str) -> n
 
 
 def _layer_args(cfg: ModelConfig) -> dict:
-    return dict(embed_dim=cfg.embed_dim, ffn_dim=cfg.ffn_dim, heads=cfg.attention_heads,
-                dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
-                activation_dropout=cfg.activation_dropout, activation_fn=cfg.activation_fn,
-                normalize_before=cfg.normalize_before)
+    return dict(
+        embed_dim=cfg.embed_dim,
+        ffn_dim=cfg.ffn_dim,
+        heads=cfg.attention_heads,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        activation_fn=cfg.activation_fn,
+        normalize_before=cfg.normalize_before,
+    )
 
 
 class TransformerEncoder(nn.Module):
@@ -74,11 +83,13 @@ class TransformerEncoder(nn.Module):
         self.dropout = cfg.dropout
         self.embed_scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
-        self.embed_positions = _positions(cfg, pad_id, cfg.max_source_positions,
-                                          "model.max_source_positions")
+        self.embed_positions = _positions(
+            cfg, pad_id, cfg.max_source_positions, "model.max_source_positions"
+        )
         self.layernorm_embedding = nn.LayerNorm(cfg.embed_dim) if cfg.layernorm_embedding else None
         self.layers = nn.ModuleList(
-            TransformerEncoderLayer(**_layer_args(cfg)) for _ in range(cfg.encoder_layers))
+            TransformerEncoderLayer(**_layer_args(cfg)) for _ in range(cfg.encoder_layers)
+        )
         self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
 
     def forward(self, src_tokens: Tensor) -> EncoderOut:
@@ -103,22 +114,29 @@ class TransformerDecoder(nn.Module):
         self.dropout = cfg.dropout
         self.embed_scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
-        self.embed_positions = _positions(cfg, pad_id, cfg.max_target_positions,
-                                          "model.max_target_positions")
+        self.embed_positions = _positions(
+            cfg, pad_id, cfg.max_target_positions, "model.max_target_positions"
+        )
         self.layernorm_embedding = nn.LayerNorm(cfg.embed_dim) if cfg.layernorm_embedding else None
         self.layers = nn.ModuleList(
-            TransformerDecoderLayer(**_layer_args(cfg)) for _ in range(cfg.decoder_layers))
+            TransformerDecoderLayer(**_layer_args(cfg)) for _ in range(cfg.decoder_layers)
+        )
         self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
         vocab_size, dim = embed_tokens.weight.shape
         self.output_projection = nn.Linear(dim, vocab_size, bias=False)
         if cfg.shares_output_embed:
             self.output_projection.weight = embed_tokens.weight
         else:
-            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim ** -0.5)
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
 
-    def forward(self, prev_tokens: Tensor, enc: EncoderOut, cache: DecoderCache | None = None,
-                attn_layer: int | None = None, features_only: bool = False
-                ) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        prev_tokens: Tensor,
+        enc: EncoderOut,
+        cache: DecoderCache | None = None,
+        attn_layer: int | None = None,
+        features_only: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """See `Transformer.decode`; features_only: return the hidden states [B,T,D]
         instead of the logits."""
         start = 0 if cache is None else cache.length
@@ -161,22 +179,29 @@ class TransformerDecoder(nn.Module):
             return None
         n = len(self.layers)
         if not -n <= attn_layer < n:
-            raise NmtError(f"attention layer {attn_layer}: the decoder has {n} layers; use "
-                           f"0..{n - 1}, or -1 for the last")
+            raise NmtError(
+                f"attention layer {attn_layer}: the decoder has {n} layers; use "
+                f"0..{n - 1}, or -1 for the last"
+            )
         return attn_layer % n
 
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer (docs/ARCHITECTURE.md, "Model")."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD):
+    def __init__(
+        self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD
+    ):
         super().__init__()
         cfg.validate(src_vocab_size, tgt_vocab_size, pad_id)
         self.cfg = cfg
         self.pad_id = pad_id
         src_embed = token_embedding(src_vocab_size, cfg.embed_dim, pad_id)
-        tgt_embed = src_embed if cfg.share_all_embeddings else token_embedding(
-            tgt_vocab_size, cfg.embed_dim, pad_id)
+        tgt_embed = (
+            src_embed
+            if cfg.share_all_embeddings
+            else token_embedding(tgt_vocab_size, cfg.embed_dim, pad_id)
+        )
         self.encoder = TransformerEncoder(cfg, src_embed, pad_id)
         self.decoder = TransformerDecoder(cfg, tgt_embed, pad_id)
 
@@ -184,8 +209,13 @@ class Transformer(nn.Module):
         """src_tokens [B,S] right-padded with pad_id -> EncoderOut(out [B,S,D], padding_mask)."""
         return self.encoder(src_tokens)
 
-    def decode(self, prev_tokens: Tensor, enc: EncoderOut, cache: DecoderCache | None = None,
-               attn_layer: int | None = None) -> tuple[Tensor, Tensor | None]:
+    def decode(
+        self,
+        prev_tokens: Tensor,
+        enc: EncoderOut,
+        cache: DecoderCache | None = None,
+        attn_layer: int | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """prev_tokens [B,T] -> (logits [B,T,V], attn [B,T,S] float or None).
 
         Without a cache, prev_tokens is the whole decoder input ([EOS] + target[:-1]) and
@@ -198,7 +228,9 @@ class Transformer(nn.Module):
         """
         return self.decoder(prev_tokens, enc, cache, attn_layer)
 
-    def forward(self, src_tokens: Tensor, prev_tokens: Tensor, features_only: bool = False) -> Tensor:
+    def forward(
+        self, src_tokens: Tensor, prev_tokens: Tensor, features_only: bool = False
+    ) -> Tensor:
         """Training: src_tokens [B,S], prev_tokens [B,T] -> logits [B,T,V], or with
         features_only the decoder's last hidden states [B,T,D], which training feeds to
         nmt.training.loss.output_layer_loss together with `output_weight`."""
@@ -210,7 +242,8 @@ class Transformer(nn.Module):
         """[V,D] the output projection (tied to the target embeddings when shared)."""
         return self.decoder.output_projection.weight
 
-    def new_cache(self, group: int = 1, capacity: int = 0,
-                  memory: CacheMemory | None = None) -> DecoderCache:
+    def new_cache(
+        self, group: int = 1, capacity: int = 0, memory: CacheMemory | None = None
+    ) -> DecoderCache:
         """An empty cache for incremental decoding of one batch: see DecoderCache."""
         return DecoderCache(len(self.decoder.layers), group, capacity, memory)

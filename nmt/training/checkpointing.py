@@ -40,10 +40,18 @@ def rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"kind": np_kind, "keys": torch.from_numpy(np_keys.astype(np.int64)),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "python": {"version": py_version, "state": torch.tensor(py_state, dtype=torch.int64),
-                   "gauss": py_gauss},
+        "numpy": {
+            "kind": np_kind,
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "python": {
+            "version": py_version,
+            "state": torch.tensor(py_state, dtype=torch.int64),
+            "gauss": py_gauss,
+        },
     }
 
 
@@ -52,7 +60,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
     p = state["python"]
     random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
 
@@ -103,8 +113,9 @@ def _link_atomic(src: Path, dst: Path) -> None:
 class CheckpointManager:
     """Writes last/best/numbered checkpoints of a run dir and prunes the old ones."""
 
-    def __init__(self, save_dir: str | Path, *, keep_last: int, keep_best: int, metric: str,
-                 maximize: bool) -> None:
+    def __init__(
+        self, save_dir: str | Path, *, keep_last: int, keep_best: int, metric: str, maximize: bool
+    ) -> None:
         self.save_dir = Path(save_dir)
         self.keep_last = keep_last
         self.keep_best = keep_best
@@ -121,8 +132,15 @@ class CheckpointManager:
     def best_k_path(self, value: float) -> Path:
         return self.save_dir / f"checkpoint.best_{self.metric}_{value:.4f}.pt"
 
-    def save(self, state: dict[str, Any], *, epoch: int, update: int, numbered: bool,
-             best_value: float | None) -> list[Path]:
+    def save(
+        self,
+        state: dict[str, Any],
+        *,
+        epoch: int,
+        update: int,
+        numbered: bool,
+        best_value: float | None,
+    ) -> list[Path]:
         """Write checkpoint_last (always), a numbered one, and best ones when best_value is set."""
         save_checkpoint(state, self.last_path)
         written = [self.last_path]
@@ -137,8 +155,10 @@ class CheckpointManager:
                 _link_atomic(self.last_path, path)
             fsync_dir(self.save_dir)
         except OSError as exc:
-            raise NmtError(f"{self.save_dir}: could not write checkpoint files ({exc.strerror or exc}); "
-                           f"{LAST} is complete") from exc
+            raise NmtError(
+                f"{self.save_dir}: could not write checkpoint files ({exc.strerror or exc}); "
+                f"{LAST} is complete"
+            ) from exc
         self.prune()
         return written
 
@@ -164,16 +184,16 @@ class CheckpointManager:
         found = []
         for path in self.save_dir.glob(f"{prefix}*.pt"):
             try:
-                found.append((float(path.name[len(prefix):-3]), path))
+                found.append((float(path.name[len(prefix) : -3]), path))
             except ValueError:
                 continue
         return sorted(found, key=lambda vp: vp[0], reverse=self.maximize)
 
     def prune(self) -> None:
         if self.keep_last >= 0:
-            for _, path in self.numbered()[self.keep_last:]:
+            for _, path in self.numbered()[self.keep_last :]:
                 path.unlink(missing_ok=True)
-        for _, path in self.best_k()[max(self.keep_best, 0):]:
+        for _, path in self.best_k()[max(self.keep_best, 0) :]:
             path.unlink(missing_ok=True)
 
 
@@ -194,9 +214,15 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         ckpt = load_checkpoint(path)
         for key in ("model_config", "data"):
             if ckpt[key] != first[key]:
-                raise NmtError(f"{path}: its {key} differs from {paths[0]}'s; average checkpoints of one run")
-        if any(not torch.equal(ckpt["tokenizers"][s], first["tokenizers"][s]) for s in ("src", "tgt")):
-            raise NmtError(f"{path}: its tokenizer differs from {paths[0]}'s; average checkpoints of one run")
+                raise NmtError(
+                    f"{path}: its {key} differs from {paths[0]}'s; average checkpoints of one run"
+                )
+        if any(
+            not torch.equal(ckpt["tokenizers"][s], first["tokenizers"][s]) for s in ("src", "tgt")
+        ):
+            raise NmtError(
+                f"{path}: its tokenizer differs from {paths[0]}'s; average checkpoints of one run"
+            )
         for k in sums:
             sums[k] += ckpt["model"][k].double()
     model = dict(first["model"])
@@ -205,6 +231,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     averaged = {k: v for k, v in first.items() if k != "train_state"}
     averaged["model"] = model
     # As imported checkpoints do: `config` says where the weights came from.
-    averaged["config"] = {"averaged_from": [str(p) for p in paths],
-                          "training_config": first.get("config")}
+    averaged["config"] = {
+        "averaged_from": [str(p) for p in paths],
+        "training_config": first.get("config"),
+    }
     return averaged

@@ -9,7 +9,7 @@ meta.json, so nothing is configured twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
 from nmt.model.config import ModelConfig
 
@@ -23,7 +23,7 @@ class OptimConfig:
     """Adam and its learning-rate schedule (configs/optim/*.yaml)."""
 
     lr: float = 5e-4  # peak learning rate, reached at the end of warmup
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam (beta1, beta2)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam (beta1, beta2)
     eps: float = 1e-8  # Adam epsilon
     weight_decay: float = 0.0  # weight decay; L2 added to the gradient unless decoupled
     decoupled_weight_decay: bool = False  # true = AdamW (decay applied to weights, times lr)

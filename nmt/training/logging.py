@@ -16,8 +16,16 @@ from typing import Any
 from tqdm import tqdm
 
 # What the one-line summaries show, in order, and how.
-_SHOWN = (("loss", ".3f"), ("nll", ".3f"), ("ppl", ".2f"), ("bleu", ".2f"), ("lr", ".3g"),
-          ("gnorm", ".3f"), ("tok_s", ".0f"), ("loss_scale", ".4g"))
+_SHOWN = (
+    ("loss", ".3f"),
+    ("nll", ".3f"),
+    ("ppl", ".2f"),
+    ("bleu", ".2f"),
+    ("lr", ".3g"),
+    ("gnorm", ".3f"),
+    ("tok_s", ".0f"),
+    ("loss_scale", ".4g"),
+)
 
 
 def _fmt(metrics: dict[str, Any]) -> str:
@@ -32,8 +40,15 @@ def _fmt(metrics: dict[str, Any]) -> str:
 class TrainLogger:
     """All of training's output channels; every method is a no-op when not enabled."""
 
-    def __init__(self, save_dir: str | Path, *, enabled: bool, progress_bar: bool,
-                 tensorboard: bool, start_update: int) -> None:
+    def __init__(
+        self,
+        save_dir: str | Path,
+        *,
+        enabled: bool,
+        progress_bar: bool,
+        tensorboard: bool,
+        start_update: int,
+    ) -> None:
         self.enabled = enabled
         self.progress_bar = progress_bar
         self.bar: tqdm | None = None
@@ -47,8 +62,9 @@ class TrainLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(save_dir / "tensorboard"),
-                                        purge_step=start_update if start_update > 0 else None)
+            self.writer = SummaryWriter(
+                str(save_dir / "tensorboard"), purge_step=start_update if start_update > 0 else None
+            )
 
     def event(self, kind: str, **fields: Any) -> None:
         """One JSON line: {"type": kind, "time": ..., **fields}."""
@@ -67,8 +83,15 @@ class TrainLogger:
         self.close_bar()
         if self.enabled and self.progress_bar:
             # disable=None: tqdm switches itself off when stderr is not a terminal.
-            self.bar = tqdm(total=total, initial=initial, desc=f"epoch {epoch:03d}",
-                            leave=False, disable=None, dynamic_ncols=True, file=sys.stderr)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=f"epoch {epoch:03d}",
+                leave=False,
+                disable=None,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
 
     def advance(self) -> None:
         if self.bar is not None:
@@ -88,8 +111,10 @@ class TrainLogger:
             for key, value in metrics.items():
                 self.writer.add_scalar(f"train/{key}", value, update)
         if self.bar is not None:
-            self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("loss", "lr", "gnorm", "tok_s")
-                                  if k in metrics}, refresh=False)
+            self.bar.set_postfix(
+                {k: f"{metrics[k]:.3g}" for k in ("loss", "lr", "gnorm", "tok_s") if k in metrics},
+                refresh=False,
+            )
         self.message(f"epoch {epoch:03d} | update {update:6d} | {_fmt(metrics)}")
 
     def valid(self, update: int, epoch: int, metrics: dict[str, float]) -> None:

@@ -71,9 +71,14 @@ def perplexity(nll_base2: float) -> float:
 BLOCK_ELEMENTS = 4 * 1024 * 1024
 
 
-def output_layer_loss(features: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                      epsilon: float, ignore_index: int,
-                      block_elements: int = BLOCK_ELEMENTS) -> LossOutput:
+def output_layer_loss(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    epsilon: float,
+    ignore_index: int,
+    block_elements: int = BLOCK_ELEMENTS,
+) -> LossOutput:
     """The output projection and label_smoothed_nll_loss in one pass over blocks of rows.
 
     features [B,T,D]: the decoder's last hidden states (before the output projection);
@@ -90,7 +95,9 @@ def output_layer_loss(features: torch.Tensor, weight: torch.Tensor, target: torc
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     rows = max(1, block_elements // weight.size(0))
-    loss, nll = _OutputLayerCrossEntropy.apply(hidden, weight, gold, epsilon, dtype, rows, want_grad)
+    loss, nll = _OutputLayerCrossEntropy.apply(
+        hidden, weight, gold, epsilon, dtype, rows, want_grad
+    )
     return LossOutput(loss=loss, nll=nll)
 
 
@@ -114,17 +121,31 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
             h = hidden.to(dtype)  # [N,D]
             nll = torch.zeros((), dtype=torch.float32, device=hidden.device)
             smooth = torch.zeros_like(nll)
-            grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if want_grad else None
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device) if want_grad else None
+            grad_h = (
+                torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
+                if want_grad
+                else None
+            )
+            grad_w = (
+                torch.zeros(weight.shape, dtype=torch.float32, device=hidden.device)
+                if want_grad
+                else None
+            )
             # One [rows,V] buffer for the logits in the compute dtype and one in fp32 (the
             # same one for fp32), reused by every block: a fresh 16 MB tensor per block
             # was page-faulted in again each time, and cast at half the speed.
             logits_buf = h.new_empty(min(rows, h.size(0)), vocab)
-            work_buf = logits_buf if dtype == torch.float32 else torch.empty_like(logits_buf, dtype=torch.float32)
-            grad_w_blk = w.new_empty(w.shape) if want_grad and dtype != torch.float32 else None  # [V,D]
+            work_buf = (
+                logits_buf
+                if dtype == torch.float32
+                else torch.empty_like(logits_buf, dtype=torch.float32)
+            )
+            grad_w_blk = (
+                w.new_empty(w.shape) if want_grad and dtype != torch.float32 else None
+            )  # [V,D]
             for start in range(0, h.size(0), rows):
-                h_blk = h[start:start + rows]  # [n,D]
-                g_blk = gold[start:start + rows, None]  # [n,1]
+                h_blk = h[start : start + rows]  # [n,D]
+                g_blk = gold[start : start + rows, None]  # [n,1]
                 n = h_blk.size(0)
                 logits = torch.mm(h_blk, w.t(), out=logits_buf[:n])  # [n,V]
                 z = work_buf[:n] if dtype == torch.float32 else work_buf[:n].copy_(logits)  # fp32
@@ -144,10 +165,12 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
                     grad_z = e.mul_(total.reciprocal())  # p, in place of z
                     if eps_i:
                         grad_z.sub_(eps_i)
-                    grad_z.scatter_add_(1, g_blk, torch.full(g_blk.shape, -gold_weight, device=z.device))
+                    grad_z.scatter_add_(
+                        1, g_blk, torch.full(g_blk.shape, -gold_weight, device=z.device)
+                    )
                     if dtype != torch.float32:  # back into the logits' buffer, now free
                         grad_z = logits.copy_(grad_z)
-                    grad_h[start:start + rows] = grad_z @ w  # [n,D]
+                    grad_h[start : start + rows] = grad_z @ w  # [n,D]
                     if dtype == torch.float32:  # [V,D], accumulated in fp32 in place
                         grad_w.addmm_(grad_z.t(), h_blk)
                     else:
@@ -163,5 +186,12 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_nll):
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
-        return ((grad_h * grad_loss).to(h_dtype), (grad_w * grad_loss).to(w_dtype),
-                None, None, None, None, None)
+        return (
+            (grad_h * grad_loss).to(h_dtype),
+            (grad_w * grad_loss).to(w_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )

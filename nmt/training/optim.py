@@ -9,7 +9,7 @@ and state_dict/load_state_dict for checkpoints.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -29,8 +29,15 @@ def inverse_sqrt_lr(step: int, *, lr: float, warmup_updates: int, warmup_init_lr
     return lr * math.sqrt(max(warmup_updates, 1) / max(step, 1))
 
 
-def cosine_lr(step: int, *, lr: float, warmup_updates: int, warmup_init_lr: float,
-              decay_updates: int, min_lr: float) -> float:
+def cosine_lr(
+    step: int,
+    *,
+    lr: float,
+    warmup_updates: int,
+    warmup_init_lr: float,
+    decay_updates: int,
+    min_lr: float,
+) -> float:
     """Linear warmup, then half a cosine from lr down to min_lr at `decay_updates`, then flat."""
     if step < warmup_updates:
         return _warmup(step, lr, warmup_updates, warmup_init_lr)
@@ -48,7 +55,9 @@ def fixed_lr(step: int, *, lr: float, warmup_updates: int, warmup_init_lr: float
 def schedule_function(cfg: OptimConfig, max_update: int) -> Callable[[int], float]:
     """The configured schedule as a function of the number of updates done."""
     if cfg.scheduler not in SCHEDULERS:
-        raise NmtError(f"optim.scheduler={cfg.scheduler!r}: unknown; use one of {', '.join(SCHEDULERS)}")
+        raise NmtError(
+            f"optim.scheduler={cfg.scheduler!r}: unknown; use one of {', '.join(SCHEDULERS)}"
+        )
     if cfg.warmup_updates < 0:
         raise NmtError(f"optim.warmup_updates={cfg.warmup_updates}: must be >= 0")
     common = dict(lr=cfg.lr, warmup_updates=cfg.warmup_updates, warmup_init_lr=cfg.warmup_init_lr)
@@ -58,9 +67,11 @@ def schedule_function(cfg: OptimConfig, max_update: int) -> Callable[[int], floa
         return lambda step: fixed_lr(step, **common)
     decay = cfg.decay_updates or max_update
     if decay <= cfg.warmup_updates:
-        raise NmtError(f"optim.decay_updates={cfg.decay_updates}, max_update={max_update}: the cosine "
-                       f"schedule needs a decay end after warmup_updates={cfg.warmup_updates}; "
-                       "set optim.decay_updates or max_update")
+        raise NmtError(
+            f"optim.decay_updates={cfg.decay_updates}, max_update={max_update}: the cosine "
+            f"schedule needs a decay end after warmup_updates={cfg.warmup_updates}; "
+            "set optim.decay_updates or max_update"
+        )
     return lambda step: cosine_lr(step, decay_updates=decay, min_lr=cfg.min_lr, **common)
 
 
@@ -93,7 +104,9 @@ class LRScheduler:
         self.offset = int(state["offset"])
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: OptimConfig
+) -> torch.optim.Optimizer:
     """Adam (L2 weight decay) or AdamW (decoupled), fused where torch supports it."""
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise NmtError(f"optim.betas={list(cfg.betas)}: need two values in [0, 1)")
@@ -104,5 +117,11 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
     # a chain of foreach ops is noticeably faster on CPU.
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     cls = torch.optim.AdamW if cfg.decoupled_weight_decay else torch.optim.Adam
-    return cls(params, lr=cfg.warmup_init_lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps,
-               weight_decay=cfg.weight_decay, fused=fused)
+    return cls(
+        params,
+        lr=cfg.warmup_init_lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+    )

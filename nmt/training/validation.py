@@ -7,8 +7,8 @@ sentences; the hypotheses are gathered and scored with sacrebleu (nmt.scoring) o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Callable
 
 import numpy as np
 import torch
@@ -24,40 +24,71 @@ from nmt.scoring import corpus_bleu
 from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
 
 
-def decode_for_validation(model: torch.nn.Module, batch: Batch, *, beam: int, len_a: float,
-                          len_b: int) -> list[list[int]]:
+def decode_for_validation(
+    model: torch.nn.Module, batch: Batch, *, beam: int, len_a: float, len_b: int
+) -> list[list[int]]:
     """The one place validation chooses its search: nmt-generate's beam search (beam 1 =
     greedy) with fairseq's length limit len_a * source length + len_b. Target ids per
     sentence, without the final EOS."""
-    generator = SequenceGenerator([model], SearchConfig(beam=beam, max_len_a=len_a, max_len_b=len_b))
+    generator = SequenceGenerator(
+        [model], SearchConfig(beam=beam, max_len_a=len_a, max_len_b=len_b)
+    )
     best = [hyps[0].tokens.tolist() for hyps in generator.generate(batch.src_tokens)]
     return [[t for t in ids if t != EOS] for ids in best]
 
 
 @torch.no_grad()
-def valid_loss(model: torch.nn.Module, dataset: PairDataset, batches: list[np.ndarray], *,
-               device: torch.device, autocast: Callable[[], AbstractContextManager],
-               label_smoothing: float) -> dict[str, float]:
+def valid_loss(
+    model: torch.nn.Module,
+    dataset: PairDataset,
+    batches: list[np.ndarray],
+    *,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager],
+    label_smoothing: float,
+) -> dict[str, float]:
     """loss/nll/ppl (base 2, per token) over all ranks' shares of `batches`."""
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, nll, ntokens
     for idx in batches:
         batch = collate(idx, dataset.pairs(idx)).to(device)
         with autocast():
             features = model(batch.src_tokens, batch.prev_tokens, features_only=True)  # [B,T,D]
-            out = output_layer_loss(features, model.output_weight, batch.target, label_smoothing, PAD)
-        sums += torch.stack([out.loss.double(), out.nll.double(),
-                             torch.tensor(float(batch.ntokens), dtype=torch.float64, device=device)])
+            out = output_layer_loss(
+                features, model.output_weight, batch.target, label_smoothing, PAD
+            )
+        sums += torch.stack(
+            [
+                out.loss.double(),
+                out.nll.double(),
+                torch.tensor(float(batch.ntokens), dtype=torch.float64, device=device),
+            ]
+        )
     loss, nll, ntokens = distributed.all_reduce_sum(sums).tolist()
     nll2 = per_token_base2(nll, int(ntokens))
-    return {"loss": per_token_base2(loss, int(ntokens)), "nll": nll2, "ppl": perplexity(nll2),
-            "ntokens": int(ntokens)}
+    return {
+        "loss": per_token_base2(loss, int(ntokens)),
+        "nll": nll2,
+        "ppl": perplexity(nll2),
+        "ntokens": int(ntokens),
+    }
 
 
 @torch.no_grad()
-def valid_bleu(model: torch.nn.Module, dataset: PairDataset, indices: np.ndarray, tgt_tokenizer, *,
-               device: torch.device, autocast: Callable[[], AbstractContextManager],
-               max_tokens: int, rank: int, world_size: int, beam: int, len_a: float,
-               len_b: int) -> tuple[float, str]:
+def valid_bleu(
+    model: torch.nn.Module,
+    dataset: PairDataset,
+    indices: np.ndarray,
+    tgt_tokenizer,
+    *,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager],
+    max_tokens: int,
+    rank: int,
+    world_size: int,
+    beam: int,
+    len_a: float,
+    len_b: int,
+) -> tuple[float, str]:
     """Corpus BLEU of decoded `indices` against their detokenized targets, and its signature."""
     batches = fixed_batches(indices, dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens)
     mine: list[tuple[int, str]] = []

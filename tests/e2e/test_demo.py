@@ -14,10 +14,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_demo_pipeline_runs_and_ends_with_bleu(tmp_path):
     work = tmp_path / "demo"
-    env = {**os.environ, "NMT_BIN": str(Path(sys.executable).parent), "DEMO_EPOCHS": "1",
-           "DEMO_MAX_UPDATE": "8", "DEMO_BEAM": "1", "DEMO_THREADS": "1"}
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), str(work)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "NMT_BIN": str(Path(sys.executable).parent),
+        "DEMO_EPOCHS": "1",
+        "DEMO_MAX_UPDATE": "8",
+        "DEMO_BEAM": "1",
+        "DEMO_THREADS": "1",
+    }
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "demo.sh"), str(work)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     for stage in ("== 1/4 preprocess", "== 2/4 train", "== 3/4 translate", "== 4/4 score"):
@@ -32,6 +43,11 @@ def test_demo_pipeline_runs_and_ends_with_bleu(tmp_path):
     # Running again replaces the demo's own directory; a foreign directory is refused.
     foreign = tmp_path / "mine"
     foreign.mkdir()
-    again = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), str(foreign)], env=env,
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        ["bash", str(REPO / "scripts" / "demo.sh"), str(foreign)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 2 and "not made by demo.sh" in again.stderr

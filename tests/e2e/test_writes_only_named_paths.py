@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 BIN = Path(sys.executable).parent
 # A path with shell syntax in it: taken literally, it must create a directory of that
 # name and nothing else (no file called PWNED anywhere).
@@ -33,24 +31,64 @@ def test_the_pipeline_writes_only_where_it_is_told(small_corpus, tmp_path):
     out = tmp_path / "out"
     data, run_dir = out / "data", out / ODD_NAME
     hyp = out / "hyp.de"
-    env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": str(home / ".cache"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "OMP_NUM_THREADS": "1",
+    }
 
     def nmt(command: str, *args: str) -> None:
-        proc = subprocess.run([str(BIN / f"nmt-{command}"), *args], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [str(BIN / f"nmt-{command}"), *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
 
     corpus = small_corpus
     inputs_before = _files(corpus)
-    nmt("preprocess", f"data.trainpref={corpus / 'train'}", f"data.validpref={corpus / 'valid'}",
-        f"data.testpref=[{corpus / 'test'}]", f"data.dest={data}", "spm.vocab_size=200",
-        "spm.byte_fallback=false", "spm.num_threads=1", "workers=1")
-    nmt("train", f"data={data}", f"save_dir='{run_dir}'", "max_update=2", "threads=1", "device=cpu",
-        "max_tokens=500", "progress_bar=false", "model.embed_dim=16", "model.ffn_dim=32",
-        "model.attention_heads=2", "model.encoder_layers=1", "model.decoder_layers=1")
-    nmt("generate", f"checkpoint='{run_dir / 'checkpoint_last.pt'}'", f"input={corpus / 'test.en'}",
-        f"output={hyp}", "beam=2", "max_len_b=5", "threads=1", "device=cpu", "progress=false")
+    nmt(
+        "preprocess",
+        f"data.trainpref={corpus / 'train'}",
+        f"data.validpref={corpus / 'valid'}",
+        f"data.testpref=[{corpus / 'test'}]",
+        f"data.dest={data}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "spm.num_threads=1",
+        "workers=1",
+    )
+    nmt(
+        "train",
+        f"data={data}",
+        f"save_dir='{run_dir}'",
+        "max_update=2",
+        "threads=1",
+        "device=cpu",
+        "max_tokens=500",
+        "progress_bar=false",
+        "model.embed_dim=16",
+        "model.ffn_dim=32",
+        "model.attention_heads=2",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+    )
+    nmt(
+        "generate",
+        f"checkpoint='{run_dir / 'checkpoint_last.pt'}'",
+        f"input={corpus / 'test.en'}",
+        f"output={hyp}",
+        "beam=2",
+        "max_len_b=5",
+        "threads=1",
+        "device=cpu",
+        "progress=false",
+    )
     nmt("score", f"hyp={hyp}", f"refs=[{corpus / 'test.de'}]", "format=json")  # to stdout
     named = [data, run_dir, hyp]
     if importlib.util.find_spec("ctranslate2") is not None:

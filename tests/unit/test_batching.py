@@ -38,7 +38,9 @@ def test_max_sentences_caps_batches():
 
 def test_length_buckets_keep_padding_low():
     src, tgt = _sizes(2000)
-    batches = epoch_batches(np.arange(2000), src, tgt, max_tokens=1000, max_sentences=0, seed=1, epoch=1)
+    batches = epoch_batches(
+        np.arange(2000), src, tgt, max_tokens=1000, max_sentences=0, seed=1, epoch=1
+    )
     real = int(np.maximum(src, tgt).sum())
     padded = sum(_cost(b, src, tgt) for b in batches)
     assert real / padded > 0.9
@@ -79,7 +81,10 @@ def test_rank_shares_partition_the_group_with_equal_counts():
 
 
 def test_collate_shapes_and_shift():
-    pairs = [(np.array([5, 6, EOS]), np.array([7, 8, 9, EOS])), (np.array([4, EOS]), np.array([7, EOS]))]
+    pairs = [
+        (np.array([5, 6, EOS]), np.array([7, 8, 9, EOS])),
+        (np.array([4, EOS]), np.array([7, EOS])),
+    ]
     b = collate([10, 11], pairs)
     assert b.src_tokens.tolist() == [[5, 6, EOS], [4, EOS, PAD]]
     assert b.target.tolist() == [[7, 8, 9, EOS], [7, EOS, PAD, PAD]]

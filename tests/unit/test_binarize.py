@@ -19,7 +19,7 @@ from nmt.errors import NmtError
 def _write(prefix: Path, sentences: list[list[int]], dtype: np.dtype, chunk: int = 3) -> None:
     writer = TokenArrayWriter(prefix, dtype)
     for start in range(0, len(sentences), chunk):
-        part = sentences[start:start + chunk]
+        part = sentences[start : start + chunk]
         ids = np.array([i for s in part for i in s], dtype=np.int64)
         writer.add(ids, np.array([len(s) for s in part], dtype=np.int64))
     writer.close()
@@ -28,8 +28,9 @@ def _write(prefix: Path, sentences: list[list[int]], dtype: np.dtype, chunk: int
 @pytest.mark.parametrize("vocab_size", [800, 65536, 70000])
 def test_round_trip(tmp_path: Path, vocab_size: int) -> None:
     rng = np.random.default_rng(0)
-    sentences = [rng.integers(4, vocab_size, size=rng.integers(0, 20)).tolist() + [2]
-                 for _ in range(50)]
+    sentences = [
+        rng.integers(4, vocab_size, size=rng.integers(0, 20)).tolist() + [2] for _ in range(50)
+    ]
     sentences[7] = []  # an empty entry survives too
     prefix = tmp_path / "train.en"
     _write(prefix, sentences, dtype_for_vocab(vocab_size))
@@ -99,8 +100,9 @@ def test_output_is_the_same_for_any_worker_count(preprocess_config, tmp_path: Pa
     assert meta_one == meta_three
 
 
-def test_a_dying_worker_fails_the_run_instead_of_hanging(preprocess_config, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dying_worker_fails_the_run_instead_of_hanging(
+    preprocess_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(binarize._ChunkEncoder, "__call__", lambda self, task: os._exit(3))
     with pytest.raises(NmtError, match="worker process died"):
         run(preprocess_config("workers=2", "chunk_lines=100"))

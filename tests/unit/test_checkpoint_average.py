@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
 from nmt.training.checkpointing import average_checkpoints
-from train_helpers import run_training, tiny_config
 
 # Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -76,6 +76,8 @@ def test_checkpoints_of_different_models_are_refused(run_dir, demo_data_dir, tmp
     from train_helpers import TINY_MODEL
 
     other = tmp_path / "other"
-    run_training(tiny_config(demo_data_dir, other, model=replace(TINY_MODEL, ffn_dim=48), max_update=1))
+    run_training(
+        tiny_config(demo_data_dir, other, model=replace(TINY_MODEL, ffn_dim=48), max_update=1)
+    )
     with pytest.raises(NmtError, match="model_config differs"):
         average_checkpoints([run_dir / "checkpoint_last.pt", other / "checkpoint_last.pt"])

@@ -10,11 +10,15 @@ from nmt.training.checkpointing import BestTracker, CheckpointManager, rng_state
 
 
 def _state(update: int) -> dict:
-    return build_checkpoint(model_state={"w": torch.full((2,), float(update))},
-                            model_config={"embed_dim": 4}, data={"src_lang": "en"},
-                            src_tokenizer=b"spm", tgt_tokenizer=b"spm",
-                            train_state={"num_updates": update, "rng": rng_state()},
-                            config={"seed": 1})
+    return build_checkpoint(
+        model_state={"w": torch.full((2,), float(update))},
+        model_config={"embed_dim": 4},
+        data={"src_lang": "en"},
+        src_tokenizer=b"spm",
+        tgt_tokenizer=b"spm",
+        train_state={"num_updates": update, "rng": rng_state()},
+        config={"seed": 1},
+    )
 
 
 def test_numbered_checkpoints_are_pruned_to_keep_last(tmp_path):

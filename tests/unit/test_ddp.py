@@ -15,11 +15,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+from train_helpers import NO_DROPOUT, last_params, run_training, tiny_config
 
 from nmt.distributed import DistEnv, env_from_environ
 from nmt.training.trainer import Trainer
-from train_helpers import NO_DROPOUT, last_params, run_training, tiny_config
 
 # Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,7 +28,9 @@ HERE = Path(__file__).resolve().parent
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra)
+    env.update(
+        OMP_NUM_THREADS="1", PYTHONPATH=f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra
+    )
     return env
 
 
@@ -53,40 +54,71 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
     # 14 updates of 2 batches cross the end of the first epoch; an odd batch count there
     # gives rank 1 a weight-0 dummy pass, which must not change the update either. The final
     # validation (loss and BLEU, each rank on its share) must equal the single process's.
-    common = dict(max_update=14, clip_norm=0.5, valid_split="test", eval_bleu=True,
-                  eval_bleu_max_sentences=12, eval_bleu_len_b=4)
+    common = dict(
+        max_update=14,
+        clip_norm=0.5,
+        valid_split="test",
+        eval_bleu=True,
+        eval_bleu_max_sentences=12,
+        eval_bleu_len_b=4,
+    )
     worker = tmp_path / "worker.py"
-    worker.write_text(textwrap.dedent(f"""
+    worker.write_text(
+        textwrap.dedent(f"""
         from pathlib import Path
         from train_helpers import NO_DROPOUT, run_training, tiny_config
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / 'ddp')!r}),
+        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
-    """))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", str(worker)], env=_env(), capture_output=True,
-                          text=True, timeout=180)
+    """)
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(worker),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run_training(tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common))
+    run_training(
+        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
+    )
     ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
     assert ddp.keys() == single.keys()
     worst = max(float((ddp[k] - single[k]).abs().max()) for k in ddp)
     assert worst <= 1e-6
-    valid = [[e for e in _events(tmp_path / run) if e["type"] == "valid"][-1] for run in ("ddp", "single")]
+    valid = [
+        [e for e in _events(tmp_path / run) if e["type"] == "valid"][-1]
+        for run in ("ddp", "single")
+    ]
     assert valid[0]["loss"] == pytest.approx(valid[1]["loss"], abs=1e-5)
-    assert valid[0]["ntokens"] == valid[1]["ntokens"] and valid[0]["bleu"] == pytest.approx(valid[1]["bleu"])
+    assert valid[0]["ntokens"] == valid[1]["ntokens"] and valid[0]["bleu"] == pytest.approx(
+        valid[1]["bleu"]
+    )
     # and training moved the weights: the comparison is not between two initialisations
-    init = Trainer(tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)).model.state_dict()
+    init = Trainer(
+        tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)
+    ).model.state_dict()
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
 
 
-def start_ranks_with_a_faulty_rank_1(demo_data_dir: Path, tmp_path: Path, fault: str,
-                                    imports: str = "") -> list[subprocess.Popen]:
+def start_ranks_with_a_faulty_rank_1(
+    demo_data_dir: Path, tmp_path: Path, fault: str, imports: str = ""
+) -> list[subprocess.Popen]:
     """Start 2 gloo ranks of a tiny nmt-train; rank 1 runs `fault` when its 3rd update starts.
 
     `fault` is one statement (it may use `os`); `imports` adds import lines to the worker.
     """
     worker = tmp_path / "worker.py"
-    worker.write_text(textwrap.dedent(f"""
+    worker.write_text(
+        textwrap.dedent(f"""
         import os
         from nmt.cli import main
         from nmt.training.trainer import Trainer
@@ -99,17 +131,30 @@ def start_ranks_with_a_faulty_rank_1(demo_data_dir: Path, tmp_path: Path, fault:
                     {fault}
                 real_step(self, group)
             Trainer._train_step = faulty_step
-        main("train", ["data={demo_data_dir}", "save_dir={tmp_path / 'run'}", "train_split=valid",
+        main("train", ["data={demo_data_dir}", "save_dir={tmp_path / "run"}", "train_split=valid",
                        "valid_split=''", "max_tokens=500", "max_update=50", "threads=1", "device=cpu",
                        "ddp_timeout=20", "tensorboard=false", "progress_bar=false",
                        "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
                        "model.decoder_layers=1", "model.attention_heads=2"])
-    """))
+    """)
+    )
     port = str(_free_port())
-    return [subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
-                                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-            for r in range(2)]
+    return [
+        subprocess.Popen(
+            [sys.executable, str(worker)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+            ),
+        )
+        for r in range(2)
+    ]
 
 
 def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_path):

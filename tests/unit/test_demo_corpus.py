@@ -12,32 +12,61 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def gen():
-    spec = importlib.util.spec_from_file_location("make_demo_corpus",
-                                                  REPO / "scripts" / "make_demo_corpus.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_demo_corpus", REPO / "scripts" / "make_demo_corpus.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("n, german", [
-    (0, "null"), (1, "eins"), (7, "sieben"), (11, "elf"), (16, "sechzehn"), (17, "siebzehn"),
-    (20, "zwanzig"), (21, "einundzwanzig"), (30, "dreißig"), (36, "sechsunddreißig"),
-    (67, "siebenundsechzig"), (100, "hundert"), (101, "hunderteins"), (110, "hundertzehn"),
-    (121, "hunderteinundzwanzig"), (200, "zweihundert"), (321, "dreihunderteinundzwanzig"),
-    (999, "neunhundertneunundneunzig"), (1000, "tausend"), (1001, "tausendeins"),
-    (2021, "zweitausendeinundzwanzig"), (21000, "einundzwanzigtausend"),
-    (101000, "hunderteintausend"),
-    (999999, "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
-])
+@pytest.mark.parametrize(
+    "n, german",
+    [
+        (0, "null"),
+        (1, "eins"),
+        (7, "sieben"),
+        (11, "elf"),
+        (16, "sechzehn"),
+        (17, "siebzehn"),
+        (20, "zwanzig"),
+        (21, "einundzwanzig"),
+        (30, "dreißig"),
+        (36, "sechsunddreißig"),
+        (67, "siebenundsechzig"),
+        (100, "hundert"),
+        (101, "hunderteins"),
+        (110, "hundertzehn"),
+        (121, "hunderteinundzwanzig"),
+        (200, "zweihundert"),
+        (321, "dreihunderteinundzwanzig"),
+        (999, "neunhundertneunundneunzig"),
+        (1000, "tausend"),
+        (1001, "tausendeins"),
+        (2021, "zweitausendeinundzwanzig"),
+        (21000, "einundzwanzigtausend"),
+        (101000, "hunderteintausend"),
+        (999999, "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
+    ],
+)
 def test_german_numbers(gen, n: int, german: str) -> None:
     assert gen.german_number(n) == german
 
 
-@pytest.mark.parametrize("n, english", [
-    (0, "zero"), (15, "fifteen"), (40, "forty"), (42, "forty-two"), (100, "one hundred"),
-    (115, "one hundred fifteen"), (321, "three hundred twenty-one"), (1000, "one thousand"),
-    (2021, "two thousand twenty-one"),
-])
+@pytest.mark.parametrize(
+    "n, english",
+    [
+        (0, "zero"),
+        (15, "fifteen"),
+        (40, "forty"),
+        (42, "forty-two"),
+        (100, "one hundred"),
+        (115, "one hundred fifteen"),
+        (321, "three hundred twenty-one"),
+        (1000, "one thousand"),
+        (2021, "two thousand twenty-one"),
+    ],
+)
 def test_english_numbers(gen, n: int, english: str) -> None:
     assert gen.english_number(n) == english
 

@@ -32,9 +32,18 @@ def _lines(split: str, lang: str, n: int) -> list[str]:
 
 
 def _tokenizer(lines: list[str], size: int) -> Tokenizer:
-    return train_tokenizer(lines, vocab_size=size, model_type="unigram", character_coverage=1.0,
-                           byte_fallback=False, input_sentence_size=0, user_defined_symbols=[],
-                           num_threads=1, seed=1, what="test text")
+    return train_tokenizer(
+        lines,
+        vocab_size=size,
+        model_type="unigram",
+        character_coverage=1.0,
+        byte_fallback=False,
+        input_sentence_size=0,
+        user_defined_symbols=[],
+        num_threads=1,
+        seed=1,
+        what="test text",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +78,25 @@ def _set_output_bias(model: Transformer, eos_bias: float) -> None:
 
 
 def _save(path: Path, model: Transformer, src: Tokenizer, tgt: Tokenizer) -> None:
-    data = {"src_lang": "en", "tgt_lang": "de", "src_vocab_size": src.vocab_size,
-            "tgt_vocab_size": tgt.vocab_size, "joint_vocab": src is tgt,
-            "special_ids": {"bos": 0, "pad": 1, "eos": 2, "unk": 3}, "normalization": {"nfkc": False}}
-    save_checkpoint(build_checkpoint(model_state=model.state_dict(), model_config=asdict(model.cfg),
-                                     data=data, src_tokenizer=src.model_bytes,
-                                     tgt_tokenizer=tgt.model_bytes), path)
+    data = {
+        "src_lang": "en",
+        "tgt_lang": "de",
+        "src_vocab_size": src.vocab_size,
+        "tgt_vocab_size": tgt.vocab_size,
+        "joint_vocab": src is tgt,
+        "special_ids": {"bos": 0, "pad": 1, "eos": 2, "unk": 3},
+        "normalization": {"nfkc": False},
+    }
+    save_checkpoint(
+        build_checkpoint(
+            model_state=model.state_dict(),
+            model_config=asdict(model.cfg),
+            data=data,
+            src_tokenizer=src.model_bytes,
+            tgt_tokenizer=tgt.model_bytes,
+        ),
+        path,
+    )
 
 
 def _checkpoint(path: Path, cfg: ModelConfig, src: Tokenizer, tgt: Tokenizer) -> Transformer:
@@ -90,37 +112,55 @@ def _batch(rows: list[list[int]]) -> torch.Tensor:
 
 VARIANTS = {
     "post-norm, shared": dict(cfg=dict(share_all_embeddings=True), joint=True),
-    "pre-norm, shared": dict(cfg=dict(share_all_embeddings=True, normalize_before=True), joint=True),
+    "pre-norm, shared": dict(
+        cfg=dict(share_all_embeddings=True, normalize_before=True), joint=True
+    ),
     "post-norm, learned pos, layernorm_embedding, unscaled, gelu, separate vocab": dict(
-        cfg=dict(learned_pos=True, layernorm_embedding=True, scale_embedding=False,
-                 activation_fn="gelu"), joint=False),
+        cfg=dict(
+            learned_pos=True, layernorm_embedding=True, scale_embedding=False, activation_fn="gelu"
+        ),
+        joint=False,
+    ),
     "pre-norm, tied decoder in/out, separate vocab": dict(
-        cfg=dict(normalize_before=True, share_decoder_input_output_embed=True), joint=False),
+        cfg=dict(normalize_before=True, share_decoder_input_output_embed=True), joint=False
+    ),
 }
 
 
 def _cfg(**overrides) -> ModelConfig:
-    return ModelConfig(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
-                       decoder_layers=3, dropout=0.0, max_source_positions=128,
-                       max_target_positions=128, **overrides)
+    return ModelConfig(
+        embed_dim=32,
+        ffn_dim=64,
+        attention_heads=4,
+        encoder_layers=2,
+        decoder_layers=3,
+        dropout=0.0,
+        max_source_positions=128,
+        max_target_positions=128,
+        **overrides,
+    )
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=list(VARIANTS))
 def test_ctranslate2_scores_equal_nmt_forced_decoding(variant, tokenizers, tmp_path):
     spec = VARIANTS[variant]
-    src, tgt = ((tokenizers["joint"],) * 2 if spec["joint"] else (tokenizers["en"], tokenizers["de"]))
+    src, tgt = (tokenizers["joint"],) * 2 if spec["joint"] else (tokenizers["en"], tokenizers["de"])
     model = _checkpoint(tmp_path / "model.pt", _cfg(**spec["cfg"]), src, tgt)
     main("export", [f"checkpoint={tmp_path / 'model.pt'}", f"output_dir={tmp_path / 'ct2'}"])
 
     sources, targets = _lines("test", "en", 6), _lines("test", "de", 6)
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu",
-                                        compute_type="float32", intra_threads=1)
-    results = translator.score_batch([src.encode_as_pieces(s) for s in sources],
-                                     [tgt.encode_as_pieces(t) for t in targets])
+    translator = ctranslate2.Translator(
+        str(tmp_path / "ct2"), device="cpu", compute_type="float32", intra_threads=1
+    )
+    results = translator.score_batch(
+        [src.encode_as_pieces(s) for s in sources], [tgt.encode_as_pieces(t) for t in targets]
+    )
     tgt_ids = [tgt.encode(t) + [EOS] for t in targets]
     with torch.no_grad():
-        logits = model(_batch([src.encode(s) + [EOS] for s in sources]),
-                       _batch([[EOS] + t[:-1] for t in tgt_ids]))
+        logits = model(
+            _batch([src.encode(s) + [EOS] for s in sources]),
+            _batch([[EOS] + t[:-1] for t in tgt_ids]),
+        )
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # [B,T,V]
     for b, (ids, result) in enumerate(zip(tgt_ids, results)):
         ours = lprobs[b, torch.arange(len(ids)), torch.tensor(ids)]  # includes </s>
@@ -135,7 +175,9 @@ def test_ctranslate2_beam_search_equals_nmt_generate(normalize_before, tokenizer
     CTranslate2 before it, so only without that mask are the step-0 scores comparable.
     """
     tok = tokenizers["joint"]
-    model = _random_model(_cfg(normalize_before=normalize_before, share_all_embeddings=True), tok, tok)
+    model = _random_model(
+        _cfg(normalize_before=normalize_before, share_all_embeddings=True), tok, tok
+    )
     sources = _lines("test", "en", 24)
     src_tokens = _batch([tok.encode(s) + [EOS] for s in sources])
     limit = 60
@@ -151,11 +193,17 @@ def test_ctranslate2_beam_search_equals_nmt_generate(normalize_before, tokenizer
         low, high = (bias, high) if median > 12 else (low, bias)
     _save(tmp_path / "model.pt", model, tok, tok)
     export_ctranslate2(tmp_path / "model.pt", tmp_path / "ct2")
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu",
-                                        compute_type="float32", intra_threads=1)
-    results = translator.translate_batch([tok.encode_as_pieces(s) for s in sources], beam_size=4,
-                                         length_penalty=0.8, max_decoding_length=limit,
-                                         min_decoding_length=0, return_scores=True)
+    translator = ctranslate2.Translator(
+        str(tmp_path / "ct2"), device="cpu", compute_type="float32", intra_threads=1
+    )
+    results = translator.translate_batch(
+        [tok.encode_as_pieces(s) for s in sources],
+        beam_size=4,
+        length_penalty=0.8,
+        max_decoding_length=limit,
+        min_decoding_length=0,
+        return_scores=True,
+    )
     vocab = _pieces(tok)
     compared = lengths = 0
     for hyp, result in zip(hyps, results):

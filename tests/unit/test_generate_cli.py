@@ -22,7 +22,9 @@ from nmt.data.vocab import EOS, SPECIAL_IDS
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
 
-WORDS = "one two three four five six seven eight nine ten eleven twelve hundred thousand and".split()
+WORDS = (
+    "one two three four five six seven eight nine ten eleven twelve hundred thousand and".split()
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,24 +37,54 @@ def _sentences(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return train_tokenizer(_sentences(300, 0), vocab_size=32, model_type="unigram",
-                           character_coverage=1.0, byte_fallback=False, input_sentence_size=0,
-                           user_defined_symbols=[], num_threads=1, seed=1, what="test text")
+    return train_tokenizer(
+        _sentences(300, 0),
+        vocab_size=32,
+        model_type="unigram",
+        character_coverage=1.0,
+        byte_fallback=False,
+        input_sentence_size=0,
+        user_defined_symbols=[],
+        num_threads=1,
+        seed=1,
+        what="test text",
+    )
 
 
 def _checkpoint(path: Path, tokenizer: Tokenizer, seed: int) -> Path:
     torch.manual_seed(seed)
-    cfg = ModelConfig(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=1,
-                      decoder_layers=2, dropout=0.0, max_source_positions=16,
-                      max_target_positions=12, share_all_embeddings=True)
+    cfg = ModelConfig(
+        embed_dim=32,
+        ffn_dim=64,
+        attention_heads=4,
+        encoder_layers=1,
+        decoder_layers=2,
+        dropout=0.0,
+        max_source_positions=16,
+        max_target_positions=12,
+        share_all_embeddings=True,
+    )
     model = Transformer(cfg, tokenizer.vocab_size, tokenizer.vocab_size)
     spm_tensor = tokenizer_to_tensor(tokenizer.model_bytes)
-    save_checkpoint({
-        "format_version": 1, "model_config": asdict(cfg), "model": model.state_dict(),
-        "data": {"src_lang": "en", "tgt_lang": "de", "src_vocab_size": tokenizer.vocab_size,
-                 "tgt_vocab_size": tokenizer.vocab_size, "joint_vocab": True,
-                 "special_ids": dict(SPECIAL_IDS), "normalization": {"nfkc": False}},
-        "tokenizers": {"src": spm_tensor, "tgt": spm_tensor}, "config": {}}, path)
+    save_checkpoint(
+        {
+            "format_version": 1,
+            "model_config": asdict(cfg),
+            "model": model.state_dict(),
+            "data": {
+                "src_lang": "en",
+                "tgt_lang": "de",
+                "src_vocab_size": tokenizer.vocab_size,
+                "tgt_vocab_size": tokenizer.vocab_size,
+                "joint_vocab": True,
+                "special_ids": dict(SPECIAL_IDS),
+                "normalization": {"nfkc": False},
+            },
+            "tokenizers": {"src": spm_tensor, "tgt": spm_tensor},
+            "config": {},
+        },
+        path,
+    )
     return path
 
 
@@ -100,8 +132,15 @@ def test_one_output_line_per_input_line_in_order(ckpt, text, capsys, tmp_path):
 
 def test_fairseq_format_nbest_and_alignments(ckpt, text, capsys, tokenizer):
     plain, _ = _generate(capsys, f"checkpoint={ckpt}", f"input={text}", "beam=3")
-    out, _ = _generate(capsys, f"checkpoint={ckpt}", f"input={text}", "beam=3", "nbest=2",
-                       "format=fairseq", "print_alignment=true")
+    out, _ = _generate(
+        capsys,
+        f"checkpoint={ckpt}",
+        f"input={text}",
+        "beam=3",
+        "nbest=2",
+        "format=fairseq",
+        "print_alignment=true",
+    )
     n = len(plain)
     by_kind = {k: [line for line in out if line.startswith(f"{k}-")] for k in "SHDPA"}
     assert len(by_kind["S"]) == n
@@ -131,20 +170,25 @@ def test_moses_nbest_in_plain_format(ckpt, text, capsys):
 
 def test_reference_gives_bleu_and_output_file(ckpt, text, capsys, tmp_path):
     result = tmp_path / "out" / "hyp.de"
-    out, err = _generate(capsys, f"checkpoint={ckpt}", f"input={text}", f"ref={text}",
-                         f"output={result}", "beam=2")
+    out, err = _generate(
+        capsys, f"checkpoint={ckpt}", f"input={text}", f"ref={text}", f"output={result}", "beam=2"
+    )
     assert out == []
-    assert len(result.read_text(encoding="utf-8").splitlines()) == len(text.read_text().splitlines())
+    assert len(result.read_text(encoding="utf-8").splitlines()) == len(
+        text.read_text().splitlines()
+    )
     assert "BLEU|nrefs:1|" in err and "version:" in err
 
 
 def test_ensemble_prefix_sampling_and_uncached(ckpt, text, capsys, tmp_path, tokenizer):
     second = _checkpoint(tmp_path / "b.pt", tokenizer, 1)
     n = len(text.read_text().splitlines())
-    for extra in ([f"checkpoint=[{ckpt},{second}]"],
-                  [f"checkpoint={ckpt}", "prefix=one two"],
-                  [f"checkpoint={ckpt}", "sampling=true", "sampling_topp=0.9", "temperature=0.7"],
-                  [f"checkpoint={ckpt}", "use_cache=false", "dtype=bf16"]):
+    for extra in (
+        [f"checkpoint=[{ckpt},{second}]"],
+        [f"checkpoint={ckpt}", "prefix=one two"],
+        [f"checkpoint={ckpt}", "sampling=true", "sampling_topp=0.9", "temperature=0.7"],
+        [f"checkpoint={ckpt}", "use_cache=false", "dtype=bf16"],
+    ):
         out, _ = _generate(capsys, f"input={text}", "beam=2", *extra)
         assert len(out) == n
         if "prefix=one two" in extra:
@@ -164,20 +208,38 @@ def _data_dir(path: Path, tokenizer: Tokenizer, src: list[str], tgt: list[str]) 
         writer.close()
         counts[lang] = sum(len(i) for i in ids)
     tok_info = {"file": "spm.model", "sha256": tokenizer.sha256}
-    write_meta(path, DataMeta(
-        src_lang="en", tgt_lang="de", joint_vocab=True, src_vocab_size=tokenizer.vocab_size,
-        tgt_vocab_size=tokenizer.vocab_size, special_ids=dict(SPECIAL_IDS), dtype="uint16",
-        tokenizers={"src": tok_info, "tgt": tok_info}, normalization={"nfkc": False},
-        splits={"test": SplitInfo(lines=len(src), kept=len(src), removed={},
-                                  src_tokens=counts["en"], tgt_tokens=counts["de"])}))
+    write_meta(
+        path,
+        DataMeta(
+            src_lang="en",
+            tgt_lang="de",
+            joint_vocab=True,
+            src_vocab_size=tokenizer.vocab_size,
+            tgt_vocab_size=tokenizer.vocab_size,
+            special_ids=dict(SPECIAL_IDS),
+            dtype="uint16",
+            tokenizers={"src": tok_info, "tgt": tok_info},
+            normalization={"nfkc": False},
+            splits={
+                "test": SplitInfo(
+                    lines=len(src),
+                    kept=len(src),
+                    removed={},
+                    src_tokens=counts["en"],
+                    tgt_tokens=counts["de"],
+                )
+            },
+        ),
+    )
     return path
 
 
 def test_data_dir_split_with_references(ckpt, capsys, tmp_path, tokenizer):
     src = _sentences(5, 8) + [""]
     data = _data_dir(tmp_path / "data", tokenizer, src, _sentences(6, 9))
-    out, err = _generate(capsys, f"checkpoint={ckpt}", f"input={data}", "split=test",
-                         "format=fairseq", "beam=2")
+    out, err = _generate(
+        capsys, f"checkpoint={ckpt}", f"input={data}", "split=test", "format=fairseq", "beam=2"
+    )
     assert [line for line in out if line.startswith("T-")][0] == f"T-0\t{_sentences(6, 9)[0]}"
     assert len([line for line in out if line.startswith("S-")]) == 6
     assert "BLEU|nrefs:1|" in err
@@ -194,7 +256,9 @@ def _error(capsys, *args: str) -> str:
 
 def test_errors_are_one_line_and_leave_no_output(ckpt, text, capsys, tmp_path, tokenizer):
     result = tmp_path / "hyp.de"
-    err = _error(capsys, f"checkpoint={ckpt}", f"input={text}", "overlong=error", f"output={result}")
+    err = _error(
+        capsys, f"checkpoint={ckpt}", f"input={text}", "overlong=error", f"output={result}"
+    )
     assert "in.en:6" in err and "overlong=truncate" in err
     assert not result.exists() and list(tmp_path.glob(".hyp.de*")) == []
     assert "nope.pt" in _error(capsys, f"checkpoint={tmp_path / 'nope.pt'}", f"input={text}")
@@ -206,9 +270,17 @@ def test_errors_are_one_line_and_leave_no_output(ckpt, text, capsys, tmp_path, t
     assert "fp16" in _error(capsys, f"checkpoint={ckpt}", f"input={text}", "dtype=fp16")
     assert "split=" in _error(capsys, f"checkpoint={ckpt}", f"input={tmp_path}")
     assert "nbest" in _error(capsys, f"checkpoint={ckpt}", "beam=2", "nbest=3")
-    other = train_tokenizer(_sentences(300, 5) + ["zebra quartz"] * 50, vocab_size=34,
-                            model_type="unigram", character_coverage=1.0, byte_fallback=False,
-                            input_sentence_size=0, user_defined_symbols=[], num_threads=1,
-                            seed=1, what="other text")
+    other = train_tokenizer(
+        _sentences(300, 5) + ["zebra quartz"] * 50,
+        vocab_size=34,
+        model_type="unigram",
+        character_coverage=1.0,
+        byte_fallback=False,
+        input_sentence_size=0,
+        user_defined_symbols=[],
+        num_threads=1,
+        seed=1,
+        what="other text",
+    )
     data = _data_dir(tmp_path / "data", other, ["one"], ["eins"])
     assert "SentencePiece" in _error(capsys, f"checkpoint={ckpt}", f"input={data}", "split=test")

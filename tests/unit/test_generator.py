@@ -56,8 +56,12 @@ class Markov(nn.Module):
 
 
 # From the start: a .5, b .4, c .1; "a" ends with .4, "b" with .9, "c" always.
-TABLE = {EOS: {A: 0.5, B: 0.4, C: 0.1}, A: {EOS: 0.4, B: 0.3, C: 0.3},
-         B: {EOS: 0.9, A: 0.05, C: 0.05}, C: {EOS: 1.0}}
+TABLE = {
+    EOS: {A: 0.5, B: 0.4, C: 0.1},
+    A: {EOS: 0.4, B: 0.3, C: 0.3},
+    B: {EOS: 0.9, A: 0.05, C: 0.05},
+    C: {EOS: 1.0},
+}
 SRC = torch.tensor([[A, EOS]])
 
 
@@ -71,7 +75,9 @@ def test_beam_finds_what_greedy_misses():
     best, second = _run(Markov(TABLE), beam=2, nbest=2)
     assert best.tokens.tolist() == [B, EOS]  # .4 * .9 = .36
     assert best.score == pytest.approx(math.log(0.36) / 2, abs=1e-5)
-    assert best.positional_scores.tolist() == pytest.approx([math.log(0.4), math.log(0.9)], abs=1e-5)
+    assert best.positional_scores.tolist() == pytest.approx(
+        [math.log(0.4), math.log(0.9)], abs=1e-5
+    )
     assert second.tokens.tolist() == [A, EOS]
     assert second.score == pytest.approx(math.log(0.2) / 2, abs=1e-5)
 
@@ -82,7 +88,9 @@ def test_length_penalty_changes_the_winner():
     hyp_long, hyp_short = (A, C, EOS), (B, EOS)
     for lenpen in (0.0, 1.0, 3.0):
         best = _run(Markov(table), beam=2, lenpen=lenpen)[0]
-        expected = max([(math.log(.45) / 3 ** lenpen, hyp_long), (math.log(.36) / 2 ** lenpen, hyp_short)])
+        expected = max(
+            [(math.log(0.45) / 3**lenpen, hyp_long), (math.log(0.36) / 2**lenpen, hyp_short)]
+        )
         assert tuple(best.tokens.tolist()) == expected[1]
         assert best.score == pytest.approx(expected[0], abs=1e-5)
 
@@ -107,8 +115,9 @@ def test_unkpen_and_special_tokens():
 
 
 def test_no_repeat_ngram_blocking():
-    looping = Markov({EOS: {A: 0.6, B: 0.4}, A: {A: 0.7, B: 0.2, EOS: 0.1},
-                      B: {A: 0.7, B: 0.2, EOS: 0.1}})
+    looping = Markov(
+        {EOS: {A: 0.6, B: 0.4}, A: {A: 0.7, B: 0.2, EOS: 0.1}, B: {A: 0.7, B: 0.2, EOS: 0.1}}
+    )
     assert _run(looping, beam=2, max_len_b=6)[0].tokens.tolist()[:3] == [A, A, A]
     out = _run(looping, beam=2, max_len_b=6, no_repeat_ngram_size=2)[0].tokens.tolist()
     bigrams = list(zip(out[:-1], out[1:]))
@@ -120,25 +129,40 @@ def test_sampling_with_top1_is_greedy_and_seeded_sampling_repeats():
     top1 = _run(model, beam=3, nbest=3, sampling=True, sampling_topk=1)
     assert all(h.tokens.tolist() == [A, EOS] for h in top1)
     src = SRC.expand(6, 2)
-    runs = [SequenceGenerator([model], SearchConfig(beam=2, sampling=True, seed=7)).generate(src)
-            for _ in range(2)]
-    assert [[h.tokens.tolist() for h in s] for s in runs[0]] == [[h.tokens.tolist() for h in s] for s in runs[1]]
+    runs = [
+        SequenceGenerator([model], SearchConfig(beam=2, sampling=True, seed=7)).generate(src)
+        for _ in range(2)
+    ]
+    assert [[h.tokens.tolist() for h in s] for s in runs[0]] == [
+        [h.tokens.tolist() for h in s] for s in runs[1]
+    ]
 
 
 # -- a randomly initialised Transformer --------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def model() -> Transformer:
     torch.manual_seed(0)
-    cfg = ModelConfig(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
-                      decoder_layers=2, dropout=0.0, max_source_positions=32,
-                      max_target_positions=32)
+    cfg = ModelConfig(
+        embed_dim=32,
+        ffn_dim=64,
+        attention_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        max_source_positions=32,
+        max_target_positions=32,
+    )
     return Transformer(cfg, src_vocab_size=40, tgt_vocab_size=40).eval()
 
 
 def _sources(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.cat([torch.randint(4, 40, (n - 1,), generator=g), torch.tensor([EOS])]) for n in lengths]
+    return [
+        torch.cat([torch.randint(4, 40, (n - 1,), generator=g), torch.tensor([EOS])])
+        for n in lengths
+    ]
 
 
 def _pad(sources: list[torch.Tensor]) -> torch.Tensor:
@@ -177,7 +201,9 @@ def test_output_does_not_depend_on_the_batch(model, beam):
     # Length limits of 1 x source + 2 end the sentences at different steps, so finished
     # ones idle in the batch for a while and then leave it (both paths are exercised).
     sources = _sources([6, 11, 3, 8, 14, 6, 4, 5, 9], seed=1)
-    gen = SequenceGenerator([model], SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=2))
+    gen = SequenceGenerator(
+        [model], SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=2)
+    )
     together = gen.generate(_pad(sources))
     reordered = gen.generate(_pad(sources[::-1]))[::-1]
     for i, src in enumerate(sources):
@@ -191,8 +217,12 @@ def test_output_does_not_depend_on_the_batch(model, beam):
 def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
     sources = _sources([7, 4, 10], seed=2)
     temperature = 0.8 if sampling else 1.0
-    gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, lenpen=lenpen, max_len_b=9,
-                                                  sampling=sampling, temperature=temperature))
+    gen = SequenceGenerator(
+        [model],
+        SearchConfig(
+            beam=3, nbest=3, lenpen=lenpen, max_len_b=9, sampling=sampling, temperature=temperature
+        ),
+    )
     for src, hyps in zip(sources, gen.generate(_pad(sources))):
         for h in hyps:
             prev = torch.cat([torch.tensor([EOS]), h.tokens[:-1]])[None]  # [1,T]
@@ -200,7 +230,9 @@ def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
                 lp = torch.log_softmax(model(src[None], prev)[0].float() / temperature, -1)  # [T,V]
             token_lp = lp.gather(1, h.tokens[:, None]).squeeze(1)
             assert h.positional_scores.tolist() == pytest.approx(token_lp.tolist(), abs=1e-4)
-            assert h.score == pytest.approx(float(token_lp.sum()) / len(h.tokens) ** lenpen, abs=1e-4)
+            assert h.score == pytest.approx(
+                float(token_lp.sum()) / len(h.tokens) ** lenpen, abs=1e-4
+            )
 
 
 def test_cached_equals_uncached(model):
@@ -225,8 +257,9 @@ def test_ensemble_of_one_model_twice_is_the_model(model):
 def test_limits_prefix_and_attention(model):
     sources = _sources([4, 10], seed=5)
     prefix = torch.tensor([[7, 8], [9, PAD]])
-    gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, min_len=4, max_len_a=1.0,
-                                                  max_len_b=2), attn_layer=-1)
+    gen = SequenceGenerator(
+        [model], SearchConfig(beam=3, nbest=3, min_len=4, max_len_a=1.0, max_len_b=2), attn_layer=-1
+    )
     for src, hyps, pre in zip(sources, gen.generate(_pad(sources), prefix), prefix.tolist()):
         assert len(hyps) == 3
         for h in hyps:
@@ -235,7 +268,9 @@ def test_limits_prefix_and_attention(model):
             assert tokens[-1] == EOS and EOS not in tokens[:-1]
             assert tokens[: len([p for p in pre if p != PAD])] == [p for p in pre if p != PAD]
             assert h.attention.shape == (len(tokens), max(len(s) for s in sources))
-            assert torch.allclose(h.attention[:, : len(src)].sum(1), torch.ones(len(tokens)), atol=1e-4)
+            assert torch.allclose(
+                h.attention[:, : len(src)].sum(1), torch.ones(len(tokens)), atol=1e-4
+            )
 
 
 @pytest.mark.gpu

@@ -30,8 +30,10 @@ from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
-SENTENCES = ["Anna wants to sell nine hundred seventy-four kitchen lamps.",
-             "You sold eight tables."]
+SENTENCES = [
+    "Anna wants to sell nine hundred seventy-four kitchen lamps.",
+    "You sold eight tables.",
+]
 
 
 def _lines(lang: str, n: int = 800) -> list[str]:
@@ -42,9 +44,15 @@ def _lines(lang: str, n: int = 800) -> list[str]:
 def _spm_default_ids(lines: list[str], vocab_size: int) -> bytes:
     """A SentencePiece model as fairseq users train it: spm's default ids (unk0 bos1 eos2)."""
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf,
-                                   vocab_size=vocab_size, model_type="unigram",
-                                   character_coverage=1.0, minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=buf,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        minloglevel=2,
+        num_threads=1,
+    )
     return buf.getvalue()
 
 
@@ -52,8 +60,11 @@ def _spm_default_ids(lines: list[str], vocab_size: int) -> bytes:
 def spms(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("spm")
     out = {}
-    for name, lines, size in (("joint", _lines("en") + _lines("de"), 160),
-                              ("en", _lines("en"), 120), ("de", _lines("de"), 130)):
+    for name, lines, size in (
+        ("joint", _lines("en") + _lines("de"), 160),
+        ("en", _lines("en"), 120),
+        ("de", _lines("de"), 130),
+    ):
         out[name] = root / f"{name}.model"
         out[name].write_bytes(_spm_default_ids(lines, size))
     return out
@@ -62,8 +73,11 @@ def spms(tmp_path_factory) -> dict[str, Path]:
 def _pieces(model: Path) -> list[str]:
     """The normal pieces of a SentencePiece model (what fairseq's dict.txt lists)."""
     sp = spm.SentencePieceProcessor(model_file=str(model))
-    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())
-            if not (sp.is_control(i) or sp.is_unknown(i))]
+    return [
+        sp.id_to_piece(i)
+        for i in range(sp.get_piece_size())
+        if not (sp.is_control(i) or sp.is_unknown(i))
+    ]
 
 
 def _write_dict(path: Path, pieces: list[str], seed: int, drop: int = 0) -> list[str]:
@@ -74,14 +88,18 @@ def _write_dict(path: Path, pieces: list[str], seed: int, drop: int = 0) -> list
     symbols = symbols[drop:] + ["@@EXTRA1", "@@EXTRA2"]
     while (len(symbols) + 4) % 8:
         symbols.append(f"madeupword{len(symbols) % 8:04d}")
-    path.write_text("".join(f"{s} {100 - i % 50}\n" for i, s in enumerate(symbols)), encoding="utf-8")
+    path.write_text(
+        "".join(f"{s} {100 - i % 50}\n" for i, s in enumerate(symbols)), encoding="utf-8"
+    )
     return ["<s>", "<pad>", "</s>", "<unk>"] + symbols
 
 
 def _legacy_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """fairseq < 0.9 names: fused in_proj, layer_norms.N, decoder.embed_out."""
-    names = {"encoder": ["self_attn_layer_norm", "final_layer_norm"],
-             "decoder": ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]}
+    names = {
+        "encoder": ["self_attn_layer_norm", "final_layer_norm"],
+        "decoder": ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"],
+    }
     out: dict[str, torch.Tensor] = OrderedDict()
     for key, value in state.items():
         parts = key.split(".")
@@ -89,7 +107,8 @@ def _legacy_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             if parts[-2] == "q_proj":
                 base = ".".join(parts[:-2])
                 out[f"{base}.in_proj_{parts[-1]}"] = torch.cat(
-                    [state[f"{base}.{p}.{parts[-1]}"] for p in ("q_proj", "k_proj", "v_proj")])
+                    [state[f"{base}.{p}.{parts[-1]}"] for p in ("q_proj", "k_proj", "v_proj")]
+                )
             continue
         if len(parts) == 5 and parts[1] == "layers" and parts[3] in names[parts[0]]:
             idx = names[parts[0]].index(parts[3])
@@ -104,19 +123,34 @@ def _legacy_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _args(cfg: ModelConfig, arch: str = "transformer", **extra) -> dict:
     """fairseq's flat option names for `cfg` (what transformer's base_architecture sets)."""
-    args = dict(arch=arch, source_lang="en", target_lang="de", dropout=cfg.dropout,
-                activation_fn=cfg.activation_fn, max_source_positions=cfg.max_source_positions,
-                max_target_positions=cfg.max_target_positions,
-                share_all_embeddings=cfg.share_all_embeddings,
-                share_decoder_input_output_embed=cfg.share_decoder_input_output_embed,
-                no_scale_embedding=not cfg.scale_embedding,
-                layernorm_embedding=cfg.layernorm_embedding, adaptive_input=False,
-                adaptive_softmax_cutoff=None, quant_noise_pq=0.0, no_token_positional_embeddings=False)
+    args = dict(
+        arch=arch,
+        source_lang="en",
+        target_lang="de",
+        dropout=cfg.dropout,
+        activation_fn=cfg.activation_fn,
+        max_source_positions=cfg.max_source_positions,
+        max_target_positions=cfg.max_target_positions,
+        share_all_embeddings=cfg.share_all_embeddings,
+        share_decoder_input_output_embed=cfg.share_decoder_input_output_embed,
+        no_scale_embedding=not cfg.scale_embedding,
+        layernorm_embedding=cfg.layernorm_embedding,
+        adaptive_input=False,
+        adaptive_softmax_cutoff=None,
+        quant_noise_pq=0.0,
+        no_token_positional_embeddings=False,
+    )
     for side, layers in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
-        args.update({f"{side}_embed_dim": cfg.embed_dim, f"{side}_ffn_embed_dim": cfg.ffn_dim,
-                     f"{side}_attention_heads": cfg.attention_heads, f"{side}_layers": layers,
-                     f"{side}_normalize_before": cfg.normalize_before,
-                     f"{side}_learned_pos": cfg.learned_pos})
+        args.update(
+            {
+                f"{side}_embed_dim": cfg.embed_dim,
+                f"{side}_ffn_embed_dim": cfg.ffn_dim,
+                f"{side}_attention_heads": cfg.attention_heads,
+                f"{side}_layers": layers,
+                f"{side}_normalize_before": cfg.normalize_before,
+                f"{side}_learned_pos": cfg.learned_pos,
+            }
+        )
     args.update(extra)
     return args
 
@@ -138,16 +172,31 @@ def _save_fairseq(path: Path, state: dict, args: dict, style: str) -> None:
     if style == "namespace":  # fairseq < 0.10
         obj = {"args": argparse.Namespace(**args), "model": state}
     elif style == "cfg_namespace":  # fairseq 0.12 with a legacy architecture
-        obj = {"args": None, "cfg": {"model": argparse.Namespace(**args), "task": task}, "model": state}
+        obj = {
+            "args": None,
+            "cfg": {"model": argparse.Namespace(**args), "task": task},
+            "model": state,
+        }
     else:  # fairseq 0.10: the whole cfg pickled as an OmegaConf DictConfig
-        obj = {"args": None, "cfg": OmegaConf.create({"model": _nested_cfg(args), "task": task}),
-               "model": state}
+        obj = {
+            "args": None,
+            "cfg": OmegaConf.create({"model": _nested_cfg(args), "task": task}),
+            "model": state,
+        }
     obj.update(optimizer_history=[{"num_updates": 7}], extra_state={"epoch": 1, "val_loss": 3.5})
     torch.save(obj, path)
 
 
-def _fairseq_case(tmp: Path, spms: dict[str, Path], cfg: ModelConfig, joint: bool, style: str,
-                  legacy: bool = False, drop: int = 0, **extra_args):
+def _fairseq_case(
+    tmp: Path,
+    spms: dict[str, Path],
+    cfg: ModelConfig,
+    joint: bool,
+    style: str,
+    legacy: bool = False,
+    drop: int = 0,
+    **extra_args,
+):
     """A random model in fairseq's index space, saved as fairseq would save it."""
     src_spm, tgt_spm = (spms["joint"], spms["joint"]) if joint else (spms["en"], spms["de"])
     src_symbols = _write_dict(tmp / "dict.en.txt", _pieces(src_spm), seed=1, drop=drop)
@@ -186,25 +235,45 @@ def _batch(rows: list[list[int]], pad: int = 1) -> torch.Tensor:
 
 CASES = {
     "post-norm, sinusoidal, shared all, args Namespace": dict(
-        cfg=dict(share_all_embeddings=True), joint=True, style="namespace"),
+        cfg=dict(share_all_embeddings=True), joint=True, style="namespace"
+    ),
     "pre-norm, learned pos, layernorm_embedding, unscaled, gelu, separate, cfg Namespace": dict(
-        cfg=dict(normalize_before=True, learned_pos=True, layernorm_embedding=True,
-                 scale_embedding=False, activation_fn="gelu"), joint=False, style="cfg_namespace"),
+        cfg=dict(
+            normalize_before=True,
+            learned_pos=True,
+            layernorm_embedding=True,
+            scale_embedding=False,
+            activation_fn="gelu",
+        ),
+        joint=False,
+        style="cfg_namespace",
+    ),
     "post-norm, tied decoder in/out, separate, cfg DictConfig": dict(
-        cfg=dict(share_decoder_input_output_embed=True), joint=False, style="dictconfig"),
+        cfg=dict(share_decoder_input_output_embed=True), joint=False, style="dictconfig"
+    ),
     "pre-norm, legacy key names, joint dict, nothing shared": dict(
-        cfg=dict(normalize_before=True), joint=True, style="namespace", legacy=True),
+        cfg=dict(normalize_before=True), joint=True, style="namespace", legacy=True
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_imported_model_gives_fairseq_models_logits(case, spms, tmp_path):
     spec = CASES[case]
-    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=2,
-                      decoder_layers=3, dropout=0.0, max_source_positions=64,
-                      max_target_positions=64, **spec["cfg"])
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=2,
+        decoder_layers=3,
+        dropout=0.0,
+        max_source_positions=64,
+        max_target_positions=64,
+        **spec["cfg"],
+    )
     fs_model, src_symbols, tgt_symbols, src_spm, tgt_spm = _fairseq_case(
-        tmp_path, spms, cfg, spec["joint"], spec["style"], legacy=spec.get("legacy", False))
+        tmp_path, spms, cfg, spec["joint"], spec["style"], legacy=spec.get("legacy", False)
+    )
     out = tmp_path / "imported.pt"
     argv = [f"checkpoint={tmp_path / 'checkpoint_best.pt'}", f"output={out}"]
     argv += [f"spm={src_spm}"] if spec["joint"] else [f"src_spm={src_spm}", f"tgt_spm={tgt_spm}"]
@@ -215,7 +284,10 @@ def test_imported_model_gives_fairseq_models_logits(case, spms, tmp_path):
     assert bundle.model_config == cfg
     src_tok, tgt_tok = bundle.src_tokenizer, bundle.tgt_tokenizer
     assert src_tok.special_ids() == {"bos": 0, "pad": 1, "eos": 2, "unk": 3}
-    targets = ["Anna will neunhundertvierundsiebzig Küchenlampen verkaufen.", "Du hast acht Tische verkauft."]
+    targets = [
+        "Anna will neunhundertvierundsiebzig Küchenlampen verkaufen.",
+        "Du hast acht Tische verkauft.",
+    ]
 
     fs_src = _batch([_ids(src_spm, src_symbols, s) for s in SENTENCES])
     fs_tgt = [_ids(tgt_spm, tgt_symbols, t) for t in targets]
@@ -229,17 +301,25 @@ def test_imported_model_gives_fairseq_models_logits(case, spms, tmp_path):
         got = bundle.model(nmt_src, nmt_prev)  # [B,T,V_nmt]
     index = {s: i for i, s in enumerate(tgt_symbols)}
     pieces = spm.SentencePieceProcessor(model_proto=tgt_tok.model_bytes)
-    columns = torch.tensor([index[pieces.id_to_piece(j)] if j > 3 else j
-                            for j in range(tgt_tok.vocab_size)])
+    columns = torch.tensor(
+        [index[pieces.id_to_piece(j)] if j > 3 else j for j in range(tgt_tok.vocab_size)]
+    )
     real = fs_prev.ne(1)  # compare real positions; padded ones are never read
     torch.testing.assert_close(got[real], expected[..., columns][real], rtol=0, atol=1e-5)
 
 
 def test_missing_pieces_take_the_unk_row_and_are_reported(spms, tmp_path):
-    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, share_all_embeddings=True)
-    fs_model, symbols, _, sp, _ = _fairseq_case(tmp_path, spms, cfg, joint=True,
-                                                style="namespace", drop=5)
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        share_all_embeddings=True,
+    )
+    fs_model, symbols, _, sp, _ = _fairseq_case(
+        tmp_path, spms, cfg, joint=True, style="namespace", drop=5
+    )
     ckpt = read_fairseq_checkpoint(tmp_path / "checkpoint_best.pt")
     nmt, report = import_fairseq(ckpt, tmp_path / "dict.en.txt", tmp_path / "dict.de.txt", sp, sp)
     assert report.src.missing == 5 and report.src.dropped == 2
@@ -278,8 +358,14 @@ class _RunsShell:
 def test_a_pickle_that_runs_code_is_refused_before_running(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "checkpoint_evil.pt"
-    torch.save({"args": argparse.Namespace(arch="transformer"),
-                "model": {"w": torch.zeros(1)}, "x": _RunsShell(str(marker))}, path)
+    torch.save(
+        {
+            "args": argparse.Namespace(arch="transformer"),
+            "model": {"w": torch.zeros(1)},
+            "x": _RunsShell(str(marker)),
+        },
+        path,
+    )
     with pytest.raises(NmtError, match=r"refusing to unpickle (posix|os|nt)\.system"):
         load_untrusted(path)
     assert not marker.exists()
@@ -304,29 +390,45 @@ def test_any_unlisted_class_is_refused_by_name(tmp_path):
         load_untrusted(path)
 
 
-@pytest.mark.parametrize("extra, feature", [
-    (dict(arch="transformer_align", alignment_heads=1), "alignment heads"),
-    (dict(arch="lstm"), "architecture 'lstm' is not supported"),
-    (dict(arch="transformer_lm"), "language model"),
-    (dict(adaptive_input=True), "adaptive input"),
-    (dict(adaptive_softmax_cutoff="1000,5000"), "adaptive softmax"),
-    (dict(quant_noise_pq=0.1), "quant-noise"),
-    (dict(activation_fn="gelu_accurate"), "activation_fn='gelu_accurate'"),
-    (dict(decoder_normalize_before=True), "norm placements"),
-])
+@pytest.mark.parametrize(
+    "extra, feature",
+    [
+        (dict(arch="transformer_align", alignment_heads=1), "alignment heads"),
+        (dict(arch="lstm"), "architecture 'lstm' is not supported"),
+        (dict(arch="transformer_lm"), "language model"),
+        (dict(adaptive_input=True), "adaptive input"),
+        (dict(adaptive_softmax_cutoff="1000,5000"), "adaptive softmax"),
+        (dict(quant_noise_pq=0.1), "quant-noise"),
+        (dict(activation_fn="gelu_accurate"), "activation_fn='gelu_accurate'"),
+        (dict(decoder_normalize_before=True), "norm placements"),
+    ],
+)
 def test_unsupported_features_are_named(extra, feature, spms, tmp_path):
-    cfg = ModelConfig(embed_dim=8, ffn_dim=16, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, share_all_embeddings=True)
+    cfg = ModelConfig(
+        embed_dim=8,
+        ffn_dim=16,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        share_all_embeddings=True,
+    )
     _fairseq_case(tmp_path, spms, cfg, joint=True, style="namespace", **extra)
     ckpt = read_fairseq_checkpoint(tmp_path / "checkpoint_best.pt")
     with pytest.raises(NmtError, match=feature):
-        import_fairseq(ckpt, tmp_path / "dict.en.txt", tmp_path / "dict.de.txt",
-                       spms["joint"], spms["joint"])
+        import_fairseq(
+            ckpt, tmp_path / "dict.en.txt", tmp_path / "dict.de.txt", spms["joint"], spms["joint"]
+        )
 
 
 def test_a_dictionary_of_another_model_is_refused(spms, tmp_path):
-    cfg = ModelConfig(embed_dim=8, ffn_dim=16, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, share_all_embeddings=True)
+    cfg = ModelConfig(
+        embed_dim=8,
+        ffn_dim=16,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        share_all_embeddings=True,
+    )
     _fairseq_case(tmp_path, spms, cfg, joint=True, style="namespace")
     small = tmp_path / "dict.small.txt"
     small.write_text("a 1\nb 1\n", encoding="utf-8")
@@ -336,7 +438,9 @@ def test_a_dictionary_of_another_model_is_refused(spms, tmp_path):
     rows = ckpt.state["encoder.embed_tokens.weight"].shape[0]
     other = tmp_path / "dict.other.txt"  # the right size, but another segmentation's symbols
     other.write_text("".join(f"w{i} 1\n" for i in range(rows - 4)), encoding="utf-8")
-    with pytest.raises(NmtError, match=r"dict\.other\.txt: \d+ of \d+ pieces of .* are not in this"):
+    with pytest.raises(
+        NmtError, match=r"dict\.other\.txt: \d+ of \d+ pieces of .* are not in this"
+    ):
         import_fairseq(ckpt, other, other, spms["joint"], spms["joint"])
 
 
@@ -356,8 +460,9 @@ def test_existing_output_is_not_overwritten(spms, tmp_path, capsys):
     out = tmp_path / "imported.pt"
     out.write_bytes(b"precious")
     with pytest.raises(SystemExit):
-        main("import_fairseq", [f"checkpoint={tmp_path / 'none.pt'}", f"spm={spms['joint']}",
-                                f"output={out}"])
+        main(
+            "import_fairseq",
+            [f"checkpoint={tmp_path / 'none.pt'}", f"spm={spms['joint']}", f"output={out}"],
+        )
     assert "already exists" in capsys.readouterr().err
     assert out.read_bytes() == b"precious"
-

@@ -14,8 +14,9 @@ SRC_V, TGT_V = 41, 37
 
 def make_model(seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
-    fields = dict(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
-                  decoder_layers=2, dropout=0.0)
+    fields = dict(
+        embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0
+    )
     fields.update(overrides)
     return Transformer(ModelConfig(**fields), SRC_V, TGT_V).eval()
 
@@ -33,8 +34,12 @@ def tokens(lengths: list[int], vocab: int, first: int | None = None) -> torch.Te
 VARIANTS = {
     "post-norm": {},
     "pre-norm": {"normalize_before": True},
-    "pre-norm-learned-pos-ln-emb-gelu": {"normalize_before": True, "learned_pos": True,
-                                         "layernorm_embedding": True, "activation_fn": "gelu"},
+    "pre-norm-learned-pos-ln-emb-gelu": {
+        "normalize_before": True,
+        "learned_pos": True,
+        "layernorm_embedding": True,
+        "activation_fn": "gelu",
+    },
 }
 
 
@@ -49,7 +54,7 @@ def test_cached_steps_equal_full_decoding(variant):
         cache = model.new_cache()
         steps, attns = [], []
         for t in range(prev.size(1)):
-            logits, attn = model.decode(prev[:, t:t + 1], enc, cache, attn_layer=-1)
+            logits, attn = model.decode(prev[:, t : t + 1], enc, cache, attn_layer=-1)
             steps.append(logits)
             attns.append(attn)
     assert cache.length == prev.size(1)
@@ -66,8 +71,11 @@ def test_cached_multi_token_steps_equal_full_decoding():
         enc = model.encode(src)
         full, _ = model.decode(prev, enc)
         cache = model.new_cache()
-        parts = [model.decode(prev[:, :3], enc, cache)[0], model.decode(prev[:, 3:5], enc, cache)[0]]
-        parts += [model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(5, 8)]
+        parts = [
+            model.decode(prev[:, :3], enc, cache)[0],
+            model.decode(prev[:, 3:5], enc, cache)[0],
+        ]
+        parts += [model.decode(prev[:, t : t + 1], enc, cache)[0] for t in range(5, 8)]
     assert (torch.cat(parts, 1) - full).abs().max() <= 1e-5
 
 
@@ -79,7 +87,7 @@ def test_cache_grows_past_its_first_chunk():
         enc = model.encode(src)
         full, _ = model.decode(prev, enc)
         cache = model.new_cache()
-        steps = [model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(prev.size(1))]
+        steps = [model.decode(prev[:, t : t + 1], enc, cache)[0] for t in range(prev.size(1))]
     assert (torch.cat(steps, 1) - full).abs().max() <= 1e-5
 
 
@@ -92,11 +100,11 @@ def test_cache_reorder_equals_recomputing_reordered_prefixes():
         enc = model.encode(src)
         cache = model.new_cache()
         for t in range(4):
-            model.decode(prev[:, t:t + 1], enc, cache)
+            model.decode(prev[:, t : t + 1], enc, cache)
         cache.reorder(index, encoder_rows=index)
         # Continue the reordered rows with new tokens, and recompute them from scratch.
         tail = torch.randint(4, TGT_V, (len(index), 2))
-        cached = torch.cat([model.decode(tail[:, t:t + 1], enc, cache)[0] for t in range(2)], 1)
+        cached = torch.cat([model.decode(tail[:, t : t + 1], enc, cache)[0] for t in range(2)], 1)
         prefixes = torch.cat([prev[index, :4], tail], 1)
         full, _ = model.decode(prefixes, enc.reorder(index))
     assert (cached - full[:, 4:]).abs().max() <= 1e-5
@@ -134,7 +142,7 @@ def test_reorder_within_sentence_beams_keeps_encoder_rows():
         enc = model.encode(src).reorder(expand)
         cache = model.new_cache()
         for t in range(3):
-            model.decode(prev[:, t:t + 1], enc, cache)
+            model.decode(prev[:, t : t + 1], enc, cache)
         cache.reorder(index)
         step = torch.randint(4, TGT_V, (6, 1))
         cached, _ = model.decode(step, enc, cache)
@@ -189,8 +197,13 @@ def test_grouped_cache_over_prefixes_growth_and_reused_memory_equals_full_decodi
     for lengths in ([5, 7], [4, 6, 3]):
         n = len(lengths)
         enc = model.encode(tokens(lengths, SRC_V))
-        history = torch.cat([torch.full((n * beams, 1), EOS),
-                             torch.randint(4, TGT_V, (n * beams, 2), generator=gen)], 1)
+        history = torch.cat(
+            [
+                torch.full((n * beams, 1), EOS),
+                torch.randint(4, TGT_V, (n * beams, 2), generator=gen),
+            ],
+            1,
+        )
         enc_rows = enc.reorder(torch.arange(n).repeat_interleave(beams))
         with torch.no_grad():
             cache = model.new_cache(group=beams, memory=memory)
@@ -210,8 +223,9 @@ def test_grouped_cache_over_prefixes_growth_and_reused_memory_equals_full_decodi
                 moved = not torch.equal(groups, torch.arange(cache._self_kv.size(2)))
                 cache.reorder(index, encoder_rows=groups if moved else None)
                 enc, enc_rows = enc.reorder(groups), enc_rows.reorder(index)
-                history = torch.cat([history[index],
-                                     torch.randint(4, TGT_V, (index.numel(), 1), generator=gen)], 1)
+                history = torch.cat(
+                    [history[index], torch.randint(4, TGT_V, (index.numel(), 1), generator=gen)], 1
+                )
                 cached, _ = model.decode(history[:, -1:], enc, cache)
                 full, _ = model.decode(history, enc_rows)
                 assert (cached[:, 0] - full[:, -1]).abs().max() <= 1e-5, step
@@ -236,11 +250,15 @@ def test_padding_and_batch_composition_do_not_change_outputs():
         batch_enc = model.encode(src)
         batch_logits, batch_attn = model.decode(prev, batch_enc, attn_layer=0)
         for i, (s_len, t_len) in enumerate([(5, 4), (9, 7), (2, 8)]):
-            alone_enc = model.encode(src[i:i + 1, :s_len])
-            alone_logits, alone_attn = model.decode(prev[i:i + 1, :t_len], alone_enc, attn_layer=0)
+            alone_enc = model.encode(src[i : i + 1, :s_len])
+            alone_logits, alone_attn = model.decode(
+                prev[i : i + 1, :t_len], alone_enc, attn_layer=0
+            )
             enc_diff = (batch_enc.out[i, :s_len] - alone_enc.out[0]).abs().max()
             assert enc_diff <= 1e-5, f"encoder row {i}"
-            assert (batch_logits[i, :t_len] - alone_logits[0]).abs().max() <= 1e-5, f"decoder row {i}"
+            assert (batch_logits[i, :t_len] - alone_logits[0]).abs().max() <= 1e-5, (
+                f"decoder row {i}"
+            )
             assert (batch_attn[i, :t_len, :s_len] - alone_attn[0]).abs().max() <= 1e-5
             assert batch_attn[i, :, s_len:].abs().sum() == 0  # no attention to padding
 
@@ -294,8 +312,9 @@ def test_attn_layer_out_of_range_is_a_user_error():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_parameter_gets_a_gradient(variant):
-    model = make_model(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1,
-                       **VARIANTS[variant]).train()
+    model = make_model(
+        dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **VARIANTS[variant]
+    ).train()
     src = tokens([6, 4], SRC_V)
     prev = tokens([5, 3], TGT_V, first=EOS)
     logits = model(src, prev)
@@ -317,12 +336,32 @@ def test_dropout_is_off_in_eval_and_on_in_train():
 
 
 def test_shared_embeddings_are_one_tensor():
-    model = Transformer(ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                                    decoder_layers=1, share_all_embeddings=True), 30, 30)
+    model = Transformer(
+        ModelConfig(
+            embed_dim=16,
+            ffn_dim=32,
+            attention_heads=2,
+            encoder_layers=1,
+            decoder_layers=1,
+            share_all_embeddings=True,
+        ),
+        30,
+        30,
+    )
     enc_w = model.encoder.embed_tokens.weight
     assert enc_w is model.decoder.embed_tokens.weight is model.decoder.output_projection.weight
-    tied = Transformer(ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                                   decoder_layers=1, share_decoder_input_output_embed=True), 30, 20)
+    tied = Transformer(
+        ModelConfig(
+            embed_dim=16,
+            ffn_dim=32,
+            attention_heads=2,
+            encoder_layers=1,
+            decoder_layers=1,
+            share_decoder_input_output_embed=True,
+        ),
+        30,
+        20,
+    )
     assert tied.decoder.output_projection.weight is tied.decoder.embed_tokens.weight
     assert tied.encoder.embed_tokens.weight is not tied.decoder.embed_tokens.weight
     # A state dict round trip keeps the tie (load_state_dict copies into the shared tensor).
@@ -336,12 +375,12 @@ def test_fairseq_initialisation():
     model = make_model(embed_dim=64, ffn_dim=128)
     for emb in (model.encoder.embed_tokens, model.decoder.embed_tokens):
         assert emb.weight[PAD].abs().max() == 0
-        real = torch.cat([emb.weight[:PAD], emb.weight[PAD + 1:]])
-        assert abs(real.std().item() - 64 ** -0.5) < 0.2 * 64 ** -0.5
+        real = torch.cat([emb.weight[:PAD], emb.weight[PAD + 1 :]])
+        assert abs(real.std().item() - 64**-0.5) < 0.2 * 64**-0.5
     attn = model.encoder.layers[0].self_attn
     assert attn.out_proj.bias.abs().max() == 0
     # Xavier-uniform with gain 1/sqrt(2): bound = sqrt(6 / (fan_in + fan_out)) / sqrt(2).
-    bound = (6 / 128) ** 0.5 / 2 ** 0.5
+    bound = (6 / 128) ** 0.5 / 2**0.5
     assert attn.q_proj.weight.abs().max() <= bound
     assert model.encoder.layers[0].fc1.bias.abs().max() == 0
 
@@ -357,7 +396,9 @@ def test_matmul_attention_equals_sdpa(causal):
     mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
     mask[1, ..., 4:] = False  # row 1 has two padding keys
     out, probs = matmul_attention(q, k, v, mask, causal, 0.0)
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal
+    )
     assert (out - want).abs().max() < 1e-6
     assert torch.allclose(probs.sum(-1), torch.ones(3, 4, 6)) and probs[1, ..., 4:].eq(0).all()
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))

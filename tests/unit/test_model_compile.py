@@ -12,8 +12,15 @@ from nmt.model.transformer import Transformer
 
 def make_model(**overrides) -> Transformer:
     torch.manual_seed(0)
-    fields = dict(embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2,
-                  decoder_layers=2, dropout=0.1, attention_dropout=0.1)
+    fields = dict(
+        embed_dim=32,
+        ffn_dim=64,
+        attention_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.1,
+        attention_dropout=0.1,
+    )
     fields.update(overrides)
     return Transformer(ModelConfig(**fields), 40, 40)
 
@@ -45,7 +52,7 @@ def test_bf16_autocast_forward_and_cached_decoding(group):
             logits = model(src, prev)
             enc = model.encode(src)
             cache = model.new_cache(group=group)
-            steps = [model.decode(prev[:, t:t + 1], enc, cache, attn_layer=-1) for t in range(6)]
+            steps = [model.decode(prev[:, t : t + 1], enc, cache, attn_layer=-1) for t in range(6)]
     assert logits.dtype == torch.bfloat16
     assert torch.isfinite(logits).all()
     assert (logits.float() - reference).abs().max() < 0.1  # bf16 has ~3 significant digits
@@ -85,7 +92,7 @@ def test_cuda_bf16_and_cached_decoding(group):
         full = model(src, prev)
         enc = model.encode(src)
         cache = model.new_cache(group=group)
-        steps = torch.cat([model.decode(prev[:, t:t + 1], enc, cache)[0] for t in range(6)], 1)
+        steps = torch.cat([model.decode(prev[:, t : t + 1], enc, cache)[0] for t in range(6)], 1)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             half = model(src, prev)
     assert (steps - full).abs().max() < 1e-4  # TF32/fused kernels: looser than on CPU

@@ -22,8 +22,9 @@ PRESETS = ["tiny", "small", "iwslt_de_en", "base", "big"]
 
 def preset(name: str) -> ModelConfig:
     """Load a preset the way Hydra merges it into the schema (unknown keys/types fail)."""
-    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig),
-                             OmegaConf.load(PRESET_DIR / f"transformer_{name}.yaml"))
+    merged = OmegaConf.merge(
+        OmegaConf.structured(ModelConfig), OmegaConf.load(PRESET_DIR / f"transformer_{name}.yaml")
+    )
     return OmegaConf.to_object(merged)
 
 
@@ -39,23 +40,39 @@ def count_parameters(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> int:
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_sets_every_field_with_a_comment(name):
     text = (PRESET_DIR / f"transformer_{name}.yaml").read_text()
-    keys = [line.split(":", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    keys = [
+        line.split(":", 1)[0] for line in text.splitlines() if line and not line.startswith("#")
+    ]
     assert sorted(keys) == sorted(f.name for f in dataclasses.fields(ModelConfig))
     for line in text.splitlines():
         assert line.startswith("#") or " # " in line, f"uncommented line: {line!r}"
     preset(name).validate(8000, 8000, PAD)
 
 
-@pytest.mark.parametrize("name, layers, dim, ffn, heads", [
-    ("tiny", 2, 128, 512, 4), ("small", 3, 256, 1024, 4), ("iwslt_de_en", 6, 512, 1024, 4),
-    ("base", 6, 512, 2048, 8), ("big", 6, 1024, 4096, 16)])
+@pytest.mark.parametrize(
+    "name, layers, dim, ffn, heads",
+    [
+        ("tiny", 2, 128, 512, 4),
+        ("small", 3, 256, 1024, 4),
+        ("iwslt_de_en", 6, 512, 1024, 4),
+        ("base", 6, 512, 2048, 8),
+        ("big", 6, 1024, 4096, 16),
+    ],
+)
 def test_preset_shapes(name, layers, dim, ffn, heads):
     cfg = preset(name)
-    assert (cfg.encoder_layers, cfg.decoder_layers, cfg.embed_dim, cfg.ffn_dim,
-            cfg.attention_heads) == (layers, layers, dim, ffn, heads)
+    assert (
+        cfg.encoder_layers,
+        cfg.decoder_layers,
+        cfg.embed_dim,
+        cfg.ffn_dim,
+        cfg.attention_heads,
+    ) == (layers, layers, dim, ffn, heads)
 
 
-@pytest.mark.parametrize("name, exact, paper", [("base", 63_082_496, 65e6), ("big", 214_245_376, 213e6)])
+@pytest.mark.parametrize(
+    "name, exact, paper", [("base", 63_082_496, 65e6), ("big", 214_245_376, 213e6)]
+)
 def test_paper_parameter_counts_with_37k_joint_vocab(name, exact, paper):
     cfg = preset(name)
     assert cfg.share_all_embeddings
@@ -70,8 +87,9 @@ def test_small_and_tiny_parameter_counts():
 
 
 def test_sharing_changes_counts_by_exactly_the_embeddings():
-    base = dataclasses.replace(preset("base"), share_all_embeddings=False,
-                               share_decoder_input_output_embed=False)
+    base = dataclasses.replace(
+        preset("base"), share_all_embeddings=False, share_decoder_input_output_embed=False
+    )
     untied = count_parameters(base, 37000, 37000)
     assert untied - count_parameters(preset("base"), 37000, 37000) == 2 * 37000 * 512
 
@@ -79,14 +97,17 @@ def test_sharing_changes_counts_by_exactly_the_embeddings():
 # ------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"attention_heads": 6}, "model.attention_heads"),
-    ({"embed_dim": 0}, "model.embed_dim"),
-    ({"decoder_layers": 0}, "model.decoder_layers"),
-    ({"activation_fn": "swish"}, "model.activation_fn"),
-    ({"dropout": 1.0}, "model.dropout"),
-    ({"attention_dropout": -0.1}, "model.attention_dropout"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"attention_heads": 6}, "model.attention_heads"),
+        ({"embed_dim": 0}, "model.embed_dim"),
+        ({"decoder_layers": 0}, "model.decoder_layers"),
+        ({"activation_fn": "swish"}, "model.activation_fn"),
+        ({"dropout": 1.0}, "model.dropout"),
+        ({"attention_dropout": -0.1}, "model.attention_dropout"),
+    ],
+)
 def test_invalid_config_names_the_key(change, key):
     cfg = ModelConfig(**change)
     with pytest.raises(NmtError, match=key.replace(".", r"\.")) as err:
@@ -95,8 +116,14 @@ def test_invalid_config_names_the_key(change, key):
 
 
 def test_share_all_embeddings_needs_a_joint_vocab():
-    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, share_all_embeddings=True)
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        share_all_embeddings=True,
+    )
     with pytest.raises(NmtError, match=r"model\.share_all_embeddings: .* 100 .* 120"):
         Transformer(cfg, 100, 120)
 
@@ -134,8 +161,15 @@ def test_sinusoidal_table_matches_fairseq_formula(dim):
 def test_encoder_input_is_fairseqs_at_real_positions(learned):
     """scale * embedding + position, with positions as fairseq numbers them (make_positions)."""
     torch.manual_seed(0)
-    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, dropout=0.0, learned_pos=learned)
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        dropout=0.0,
+        learned_pos=learned,
+    )
     model = Transformer(cfg, 30, 30).eval()
     src = torch.tensor([[5, 6, 7, 8, EOS], [9, 10, EOS, PAD, PAD]])
     seen = []
@@ -152,22 +186,40 @@ def test_encoder_input_is_fairseqs_at_real_positions(learned):
 
 
 def test_sinusoidal_positions_extend_past_max_like_fairseq():
-    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, max_source_positions=8)
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        max_source_positions=8,
+    )
     model = Transformer(cfg, 30, 30)
     rows = model.encoder.embed_positions(0, 12)
-    assert torch.equal(rows, sinusoidal_table(12 + PAD + 1, 16, PAD)[PAD + 1:])
+    assert torch.equal(rows, sinusoidal_table(12 + PAD + 1, 16, PAD)[PAD + 1 :])
 
 
 def test_learned_positions_reject_too_long_input():
-    cfg = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                      decoder_layers=1, max_source_positions=8, learned_pos=True)
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        max_source_positions=8,
+        learned_pos=True,
+    )
     model = Transformer(cfg, 30, 30)
     with pytest.raises(NmtError, match=r"model\.max_source_positions"):
         model.encode(torch.full((1, 9), 5))
 
 
 def test_position_tables_are_not_saved():
-    model = Transformer(ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1,
-                                    decoder_layers=1), 30, 30)
+    model = Transformer(
+        ModelConfig(
+            embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1, decoder_layers=1
+        ),
+        30,
+        30,
+    )
     assert not any("embed_positions" in key for key in model.state_dict())

@@ -7,8 +7,14 @@ import torch
 
 from nmt.errors import NmtError
 from nmt.training.config import OptimConfig
-from nmt.training.optim import (LRScheduler, build_optimizer, cosine_lr, fixed_lr, inverse_sqrt_lr,
-                                schedule_function)
+from nmt.training.optim import (
+    LRScheduler,
+    build_optimizer,
+    cosine_lr,
+    fixed_lr,
+    inverse_sqrt_lr,
+    schedule_function,
+)
 
 
 def test_inverse_sqrt_points():
@@ -50,7 +56,9 @@ def test_fixed_points():
 def test_cosine_needs_an_end():
     with pytest.raises(NmtError, match="decay_updates"):
         schedule_function(OptimConfig(scheduler="cosine", warmup_updates=10), max_update=0)
-    fn = schedule_function(OptimConfig(scheduler="cosine", warmup_updates=10, lr=1.0), max_update=20)
+    fn = schedule_function(
+        OptimConfig(scheduler="cosine", warmup_updates=10, lr=1.0), max_update=20
+    )
     assert fn(20) == pytest.approx(0.0)
 
 

@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 import nmt.commands.preprocess as preprocess
+from nmt.cli import compose_config, to_dataclass
 from nmt.commands.preprocess import run
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta, split_prefix
 from nmt.data.tokenizer import load_tokenizers, normalize_text
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
-from nmt.cli import compose_config, to_dataclass
 
 
 def _decoded(data_dir: Path, split: str, lang: str, side: str) -> list[str]:
@@ -62,14 +62,17 @@ def test_demo_counts_add_up(demo_data_dir: Path, demo_corpus: Path) -> None:
     assert saved == meta.config and saved["data"]["src"] == "en"
 
 
-def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_config,
-                                                tmp_path: Path) -> None:
+def test_cleaning_rules_are_applied_and_counted(
+    small_corpus: Path, preprocess_config, tmp_path: Path
+) -> None:
     en = (small_corpus / "train.en").read_text(encoding="utf-8").splitlines()
     de = (small_corpus / "train.de").read_text(encoding="utf-8").splitlines()
-    bad = [("", "Ich habe drei Bücher gekauft."),  # empty source
-           ("I bought three books.", "   \t "),  # target empty after whitespace normalization
-           (" ".join(["Anna"] * 300), " ".join(["Anna"] * 300)),  # both sides too long
-           ("Tom.", "Tom sagt, dass Anna dreihundertzweiundzwanzig rote Lampen kaufen will.")]
+    bad = [
+        ("", "Ich habe drei Bücher gekauft."),  # empty source
+        ("I bought three books.", "   \t "),  # target empty after whitespace normalization
+        (" ".join(["Anna"] * 300), " ".join(["Anna"] * 300)),  # both sides too long
+        ("Tom.", "Tom sagt, dass Anna dreihundertzweiundzwanzig rote Lampen kaufen will."),
+    ]
     for line_no, (s, t) in zip((3, 50, 120, 399), bad):  # spread over several chunks
         en[line_no], de[line_no] = s, t
     _write(small_corpus / "train.en", en)
@@ -87,8 +90,15 @@ def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_c
     for i, (s, t) in enumerate(zip(en, de)):
         ls = len(tok.encode(normalize_text(s, False)))
         lt = len(tok.encode(normalize_text(t, False)))
-        rule = ("empty" if min(ls, lt) == 0 else "too_long" if max(ls, lt) > 100
-                else "ratio" if max(ls, lt) > 2.5 * min(ls, lt) else None)
+        rule = (
+            "empty"
+            if min(ls, lt) == 0
+            else "too_long"
+            if max(ls, lt) > 100
+            else "ratio"
+            if max(ls, lt) > 2.5 * min(ls, lt)
+            else None
+        )
         if rule:
             expected_counts[rule] += 1
             rule_of_line[i] = rule
@@ -104,8 +114,14 @@ def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_c
     assert _decoded(tmp_path / "out", "valid", "de", "tgt")[1] == ""
 
     # every rule can be switched off
-    run(preprocess_config("overwrite=true", "clean.remove_empty=false", "clean.max_tokens=null",
-                          "clean.max_ratio=null"))
+    run(
+        preprocess_config(
+            "overwrite=true",
+            "clean.remove_empty=false",
+            "clean.max_tokens=null",
+            "clean.max_ratio=null",
+        )
+    )
     train = load_meta(tmp_path / "out").splits["train"]
     assert train.kept == 400 and sum(train.removed.values()) == 0
 
@@ -113,32 +129,43 @@ def test_cleaning_rules_are_applied_and_counted(small_corpus: Path, preprocess_c
 def test_crlf_bom_and_nfkc(small_corpus: Path, preprocess_config, tmp_path: Path) -> None:
     valid_en = ["\ufeffThe number \ufb01ve.\r", "  Tom   says\tthat we count ten cups.\r"]
     (small_corpus / "valid.en").write_bytes("\n".join(valid_en).encode("utf-8"))  # no final \n
-    _write(small_corpus / "valid.de",
-           ["Die Zahl fünf.", "Tom sagt, dass wir zehn Tassen zählen."])
+    _write(small_corpus / "valid.de", ["Die Zahl fünf.", "Tom sagt, dass wir zehn Tassen zählen."])
     run(preprocess_config("nfkc=true"))
     assert load_meta(tmp_path / "out").normalization == {"nfkc": True}
     assert _decoded(tmp_path / "out", "valid", "en", "src") == [
-        "The number five.", "Tom says that we count ten cups."]
+        "The number five.",
+        "Tom says that we count ten cups.",
+    ]
 
 
-def test_several_test_sets_keep_their_names(small_corpus: Path, preprocess_config,
-                                            tmp_path: Path) -> None:
+def test_several_test_sets_keep_their_names(
+    small_corpus: Path, preprocess_config, tmp_path: Path
+) -> None:
     for lang in ("en", "de"):
         copy = (small_corpus / f"valid.{lang}").read_bytes()
         (small_corpus / f"test_2016.{lang}").write_bytes(copy)
-    run(preprocess_config(f"data.testpref=[{small_corpus / 'test'},{small_corpus / 'test_2016'}]",
-                          "data.validpref=null"))
+    run(
+        preprocess_config(
+            f"data.testpref=[{small_corpus / 'test'},{small_corpus / 'test_2016'}]",
+            "data.validpref=null",
+        )
+    )
     meta = load_meta(tmp_path / "out")
     assert list(meta.splits) == ["train", "test", "test_2016"]
     raw = (small_corpus / "valid.de").read_text(encoding="utf-8").splitlines()
     assert _decoded(tmp_path / "out", "test_2016", "de", "tgt") == raw
     with pytest.raises(NmtError, match="data.testpref"):
-        run(preprocess_config(f"data.testpref=[{small_corpus / 'test'},{tmp_path / 'x' / 'test'}]",
-                              f"data.dest={tmp_path / 'other'}"))
+        run(
+            preprocess_config(
+                f"data.testpref=[{small_corpus / 'test'},{tmp_path / 'x' / 'test'}]",
+                f"data.dest={tmp_path / 'other'}",
+            )
+        )
 
 
-def test_existing_data_dir_is_replaced_only_with_overwrite(preprocess_config,
-                                                           tmp_path: Path) -> None:
+def test_existing_data_dir_is_replaced_only_with_overwrite(
+    preprocess_config, tmp_path: Path
+) -> None:
     run(preprocess_config())
     before = (tmp_path / "out" / "meta.json").read_bytes()
     with pytest.raises(NmtError, match="overwrite=true"):
@@ -158,8 +185,9 @@ def test_a_folder_nmt_did_not_write_is_never_replaced(preprocess_config, tmp_pat
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
-def test_a_failed_run_leaves_nothing(preprocess_config, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_run_leaves_nothing(
+    preprocess_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def crash(*args: object) -> None:
         raise KeyboardInterrupt
 
@@ -177,24 +205,36 @@ def test_default_config_and_overrides() -> None:
     cfg = compose_preprocess([])
     assert (cfg.data.trainpref, cfg.data.dest) == ("data/demo/train", "data-bin/demo")
     assert cfg.data.testpref == ["data/demo/test"]
-    cfg = compose_preprocess(["data.src=de", "data.tgt=en", "spm.vocab_size=8000",
-                              "spm.model_type=unigram", "data.testpref=[a/x,b/y]"])
+    cfg = compose_preprocess(
+        [
+            "data.src=de",
+            "data.tgt=en",
+            "spm.vocab_size=8000",
+            "spm.model_type=unigram",
+            "data.testpref=[a/x,b/y]",
+        ]
+    )
     assert (cfg.data.src, cfg.data.tgt, cfg.spm.vocab_size) == ("de", "en", 8000)
     assert cfg.spm.model_type.value == "unigram" and cfg.data.testpref == ["a/x", "b/y"]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("data.sorce=en", "sorce"), ("workers=two", "workers"),
-    ("on_invalid_utf8=ignore", "on_invalid_utf8"),
-    ("spm.model_type=wordpiece", "model_type"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.sorce=en", "sorce"),
+        ("workers=two", "workers"),
+        ("on_invalid_utf8=ignore", "on_invalid_utf8"),
+        ("spm.model_type=wordpiece", "model_type"),
+    ],
+)
 def test_config_mistakes_are_one_line_errors(nmt_cli, override: str, key: str) -> None:
     code, _, err = nmt_cli("preprocess", override)
     assert code != 0 and len(err.splitlines()) == 1 and key in err
 
 
-def test_ctrl_c_during_tokenizer_training_stops_at_once(preprocess_config, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_during_tokenizer_training_stops_at_once(
+    preprocess_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def endless_training(*args: object, **kwargs: object) -> None:
         # In the training child: Ctrl-C reaches the parent once training is under way. On a
         # loaded machine the parent may still be inside fork then, where Python would

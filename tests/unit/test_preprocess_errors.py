@@ -15,9 +15,15 @@ from nmt.data.tokenizer import load_tokenizers
 
 @pytest.fixture
 def corpus_args(small_corpus: Path, tmp_path: Path) -> list[str]:
-    return [f"data.trainpref={small_corpus / 'train'}", f"data.validpref={small_corpus / 'valid'}",
-            f"data.testpref=[{small_corpus / 'test'}]", f"data.dest={tmp_path / 'out'}",
-            "spm.vocab_size=200", "spm.byte_fallback=false", "workers=1"]
+    return [
+        f"data.trainpref={small_corpus / 'train'}",
+        f"data.validpref={small_corpus / 'valid'}",
+        f"data.testpref=[{small_corpus / 'test'}]",
+        f"data.dest={tmp_path / 'out'}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "workers=1",
+    ]
 
 
 def _assert_one_line_error(code: int, err: str, tmp_path: Path, *needles: str) -> None:
@@ -32,8 +38,11 @@ def _assert_one_line_error(code: int, err: str, tmp_path: Path, *needles: str) -
 
 def test_missing_file_through_the_console_script(small_corpus: Path, tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "nmt-preprocess"
-    proc = subprocess.run([str(script), f"data.trainpref={small_corpus / 'nope'}",
-                           f"data.dest={tmp_path / 'out'}"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(script), f"data.trainpref={small_corpus / 'nope'}", f"data.dest={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+    )
     _assert_one_line_error(proc.returncode, proc.stderr, tmp_path, f"{small_corpus / 'nope'}.en")
     assert "no such file" in proc.stderr
 
@@ -48,8 +57,13 @@ def test_line_counts_differ(nmt_cli, corpus_args, small_corpus: Path, tmp_path: 
     with open(small_corpus / "valid.de", "a", encoding="utf-8") as f:
         f.write("Eine Zeile zu viel.\n")
     code, _, err = nmt_cli("preprocess", *corpus_args)
-    _assert_one_line_error(code, err, tmp_path, f"{small_corpus / 'valid.en'} has 50 lines",
-                           f"{small_corpus / 'valid.de'} has 51")
+    _assert_one_line_error(
+        code,
+        err,
+        tmp_path,
+        f"{small_corpus / 'valid.en'} has 50 lines",
+        f"{small_corpus / 'valid.de'} has 51",
+    )
 
 
 def _break_utf8(path: Path, line_no: int) -> None:
@@ -58,20 +72,33 @@ def _break_utf8(path: Path, line_no: int) -> None:
     path.write_bytes(b"\n".join(lines))
 
 
-def test_invalid_utf8_names_file_and_line(nmt_cli, corpus_args, small_corpus: Path,
-                                          tmp_path: Path) -> None:
+def test_invalid_utf8_names_file_and_line(
+    nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path
+) -> None:
     _break_utf8(small_corpus / "valid.de", 3)
     code, _, err = nmt_cli("preprocess", *corpus_args)
-    _assert_one_line_error(code, err, tmp_path, f"{small_corpus / 'valid.de'}:3: invalid UTF-8",
-                           "on_invalid_utf8=replace")
+    _assert_one_line_error(
+        code,
+        err,
+        tmp_path,
+        f"{small_corpus / 'valid.de'}:3: invalid UTF-8",
+        "on_invalid_utf8=replace",
+    )
 
 
-def test_invalid_utf8_replace_and_skip(nmt_cli, corpus_args, small_corpus: Path,
-                                       tmp_path: Path) -> None:
+def test_invalid_utf8_replace_and_skip(
+    nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path
+) -> None:
     _break_utf8(small_corpus / "valid.de", 3)
     _break_utf8(small_corpus / "train.en", 250)
-    code, out, _ = nmt_cli("preprocess", *corpus_args, "on_invalid_utf8=replace",
-                           "spm.byte_fallback=true", "spm.vocab_size=400", "clean.max_ratio=null")
+    code, out, _ = nmt_cli(
+        "preprocess",
+        *corpus_args,
+        "on_invalid_utf8=replace",
+        "spm.byte_fallback=true",
+        "spm.vocab_size=400",
+        "clean.max_ratio=null",
+    )
     assert code == 0
     assert "valid: 1 lines with invalid UTF-8 (replaced)" in out
     meta = load_meta(tmp_path / "out")
@@ -79,8 +106,9 @@ def test_invalid_utf8_replace_and_skip(nmt_cli, corpus_args, small_corpus: Path,
     _, tgt_tok = load_tokenizers(tmp_path / "out")
     assert tgt_tok.decode(TokenArray(tmp_path / "out" / "valid.de")[2]).endswith("\ufffd\ufffd")
 
-    code, out, _ = nmt_cli("preprocess", *corpus_args, "on_invalid_utf8=skip", "overwrite=true",
-                           "clean.max_ratio=null")
+    code, out, _ = nmt_cli(
+        "preprocess", *corpus_args, "on_invalid_utf8=skip", "overwrite=true", "clean.max_ratio=null"
+    )
     assert code == 0
     meta = load_meta(tmp_path / "out")
     assert meta.splits["valid"].removed == {"invalid_utf8": 1}
@@ -88,11 +116,18 @@ def test_invalid_utf8_replace_and_skip(nmt_cli, corpus_args, small_corpus: Path,
     assert meta.splits["train"].removed["invalid_utf8"] == 1 and meta.splits["train"].kept == 399
 
 
-def test_empty_training_set_after_cleaning(nmt_cli, corpus_args, small_corpus: Path,
-                                           tmp_path: Path) -> None:
+def test_empty_training_set_after_cleaning(
+    nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path
+) -> None:
     code, _, err = nmt_cli("preprocess", *corpus_args, "clean.max_tokens=1")
-    _assert_one_line_error(code, err, tmp_path, f"data.trainpref={small_corpus / 'train'}",
-                           "no training pairs left", "too_long 400")
+    _assert_one_line_error(
+        code,
+        err,
+        tmp_path,
+        f"data.trainpref={small_corpus / 'train'}",
+        "no training pairs left",
+        "too_long 400",
+    )
 
 
 def test_vocab_size_the_corpus_cannot_support(nmt_cli, corpus_args, tmp_path: Path) -> None:
@@ -113,12 +148,16 @@ def test_existing_data_dir_without_overwrite(nmt_cli, corpus_args, tmp_path: Pat
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("", "the training files are empty"),
-    ("\n \n\t\n", "every line is empty"),
-])
-def test_training_files_without_text(nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path,
-                                     content: str, needle: str) -> None:
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("", "the training files are empty"),
+        ("\n \n\t\n", "every line is empty"),
+    ],
+)
+def test_training_files_without_text(
+    nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path, content: str, needle: str
+) -> None:
     for lang in ("en", "de"):
         (small_corpus / f"train.{lang}").write_text(content, encoding="utf-8")
     code, _, err = nmt_cli("preprocess", *corpus_args)

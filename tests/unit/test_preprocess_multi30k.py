@@ -21,11 +21,18 @@ MULTI30K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mul
 @pytest.mark.skipif(not (MULTI30K / "train.en").is_file(), reason="needs ../shared/data/multi30k")
 def test_multi30k_round_trip(tmp_path: Path, preprocess_config) -> None:
     dest = tmp_path / "multi30k"
-    run(preprocess_config(f"data.trainpref={MULTI30K / 'train'}",
-                          f"data.validpref={MULTI30K / 'val'}",
-                          f"data.testpref=[{MULTI30K / 'test_2016_flickr'}]", f"data.dest={dest}",
-                          "spm.vocab_size=8000", "spm.byte_fallback=true", "spm.num_threads=2",
-                          "workers=2"))
+    run(
+        preprocess_config(
+            f"data.trainpref={MULTI30K / 'train'}",
+            f"data.validpref={MULTI30K / 'val'}",
+            f"data.testpref=[{MULTI30K / 'test_2016_flickr'}]",
+            f"data.dest={dest}",
+            "spm.vocab_size=8000",
+            "spm.byte_fallback=true",
+            "spm.num_threads=2",
+            "workers=2",
+        )
+    )
     meta = load_meta(dest)
     src_tok, tgt_tok = load_tokenizers(dest)
     for split, raw_name in (("valid", "val"), ("test_2016_flickr", "test_2016_flickr")):

@@ -23,10 +23,11 @@ MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 DIRECTIONS = ["multi30k_en_de", "multi30k_de_en"]
 
 
-@functools.lru_cache(maxsize=None)  # composing costs seconds; the configs are only read
+@functools.cache  # composing costs seconds; the configs are only read
 def compose_train(*overrides: str):
-    return to_dataclass(compose_config("train", ["data=/nonexistent/data", "save_dir=/nonexistent/run",
-                                                 *overrides]))
+    return to_dataclass(
+        compose_config("train", ["data=/nonexistent/data", "save_dir=/nonexistent/run", *overrides])
+    )
 
 
 @pytest.mark.parametrize("experiment", DIRECTIONS)
@@ -34,8 +35,12 @@ def test_experiment_composes_the_tuned_anchor_recipe(experiment):
     cfg = compose_train(f"+experiment={experiment}")
     small = yaml.safe_load((REPO / "configs/model/transformer_small.yaml").read_text())
     # The transformer_small shape, with only the recipe's regularisation and tying changed.
-    changed = {"dropout": 0.3, "attention_dropout": 0.0, "activation_dropout": 0.0,
-               "share_all_embeddings": True}
+    changed = {
+        "dropout": 0.3,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "share_all_embeddings": True,
+    }
     assert asdict(cfg.model) == {**small, **changed}
     # fairseq's anchor schedule (inverse_sqrt, 1e-3, 1,000 warmup) retuned for the hour
     assert (cfg.optim.scheduler, cfg.optim.lr, cfg.optim.warmup_updates) == ("cosine", 1.5e-3, 600)
@@ -48,11 +53,15 @@ def test_experiment_composes_the_tuned_anchor_recipe(experiment):
 
 
 def test_both_directions_compose_the_same_run():
-    assert compose_train("+experiment=multi30k_en_de") == compose_train("+experiment=multi30k_de_en")
+    assert compose_train("+experiment=multi30k_en_de") == compose_train(
+        "+experiment=multi30k_de_en"
+    )
 
 
 def test_command_line_overrides_win_over_the_experiment():
-    cfg = compose_train("+experiment=multi30k_en_de", "optim.lr=7e-4", "model.dropout=0.2", "max_time=0.5")
+    cfg = compose_train(
+        "+experiment=multi30k_en_de", "optim.lr=7e-4", "model.dropout=0.2", "max_time=0.5"
+    )
     assert (cfg.optim.lr, cfg.model.dropout, cfg.max_time) == (7e-4, 0.2, 0.5)
     assert cfg.model.share_all_embeddings  # the rest of the experiment still applies
 
@@ -62,7 +71,9 @@ def test_experiment_builds_transformer_small_with_one_shared_embedding():
     model = Transformer(cfg.model, 8000, 8000)
     assert model.encoder.embed_tokens.weight is model.decoder.embed_tokens.weight
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
-    untied = Transformer(ModelConfig(**{**asdict(cfg.model), "share_all_embeddings": False}), 8000, 8000)
+    untied = Transformer(
+        ModelConfig(**{**asdict(cfg.model), "share_all_embeddings": False}), 8000, 8000
+    )
     n_params = sum(p.numel() for p in model.parameters())
     # Tying removes exactly one 8000 x 256 matrix from the untied model.
     assert sum(p.numel() for p in untied.parameters()) - n_params == 8000 * 256
@@ -72,23 +83,39 @@ def test_experiment_builds_transformer_small_with_one_shared_embedding():
 def test_experiment_yaml_is_commented_line_by_line(experiment):
     text = (EXPERIMENTS / f"{experiment}.yaml").read_text()
     assert text.startswith("# @package _global_\n")
-    keyed = [ln for ln in text.splitlines() if re.match(r"^\s*[\w\-/]+:\s*\S", ln) or ln.strip().startswith("- ")]
+    keyed = [
+        ln
+        for ln in text.splitlines()
+        if re.match(r"^\s*[\w\-/]+:\s*\S", ln) or ln.strip().startswith("- ")
+    ]
     assert keyed and all("#" in ln for ln in keyed), [ln for ln in keyed if "#" not in ln]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (MULTI30K / "train.en").is_file(), reason="needs ../shared/data/multi30k")
 def test_recipe_smoke_mode_runs_end_to_end(tmp_path):
-    env = {**os.environ, "SMOKE": "1", "WORK": str(tmp_path), "RAW": str(MULTI30K),
-           "PYTHON": str(REPO / ".venv" / "bin" / "python")}
-    proc = subprocess.run(["bash", "scripts/multi30k_recipe.sh"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=1800)
+    env = {
+        **os.environ,
+        "SMOKE": "1",
+        "WORK": str(tmp_path),
+        "RAW": str(MULTI30K),
+        "PYTHON": str(REPO / ".venv" / "bin" / "python"),
+    }
+    proc = subprocess.run(
+        ["bash", "scripts/multi30k_recipe.sh"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "runs" / "en_de"
     assert (run / "checkpoint_avg_last3.pt").is_file()
     hyps = (run / "test_2016_flickr.hyp.de").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 100
     # nmt-score prints sacrebleu's line: cased, 13a, with its signature.
-    assert re.search(r"BLEU\|nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:\S+ = \d", proc.stdout), \
-        proc.stdout
+    assert re.search(
+        r"BLEU\|nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:\S+ = \d", proc.stdout
+    ), proc.stdout
     assert "valid loss" in proc.stderr

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_reliability_input import one_line_error, train_args
+from train_helpers import run_training, tiny_config
 
 from nmt.checkpoint import CHECKSUM_KEY, load_checkpoint, payload_checksum, save_checkpoint
 from nmt.errors import NmtError
-from test_reliability_input import one_line_error, train_args
-from train_helpers import run_training, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,9 @@ def text(tmp_path) -> Path:
 
 def generate_error(nmt_cli, ckpt: Path, text: Path, *needles: str) -> str:
     out = text.with_suffix(".out")
-    code, _, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={text}", "device=cpu",
-                           f"output={out}")
+    code, _, err = nmt_cli(
+        "generate", f"checkpoint={ckpt}", f"input={text}", "device=cpu", f"output={out}"
+    )
     assert not out.exists()
     return one_line_error(code, err, "generate", str(ckpt), *needles)
 
@@ -119,7 +120,9 @@ def test_vocab_of_another_data_dir_is_refused(nmt_cli, preprocess_config, tmp_pa
     from nmt.commands.preprocess import run
 
     first = preprocess_config("spm.vocab_size=200", f"data.dest={tmp_path / 'a'}")
-    same_size = preprocess_config("spm.vocab_size=200", "spm.model_type=unigram", f"data.dest={tmp_path / 'b'}")
+    same_size = preprocess_config(
+        "spm.vocab_size=200", "spm.model_type=unigram", f"data.dest={tmp_path / 'b'}"
+    )
     bigger = preprocess_config("spm.vocab_size=240", f"data.dest={tmp_path / 'c'}")
     for cfg in (first, same_size, bigger):
         run(cfg)
@@ -131,7 +134,9 @@ def test_vocab_of_another_data_dir_is_refused(nmt_cli, preprocess_config, tmp_pa
     one_line_error(code, err, "train", str(last), "src_vocab_size")
     code, _, err = nmt_cli("train", *train_args(tmp_path / "b", tmp_path / "run", "max_update=2"))
     one_line_error(code, err, "train", str(last), "tokenizer")
-    code, _, err = nmt_cli("train", *train_args(tmp_path / "b", tmp_path / "ft", f"finetune_from={last}"))
+    code, _, err = nmt_cli(
+        "train", *train_args(tmp_path / "b", tmp_path / "ft", f"finetune_from={last}")
+    )
     one_line_error(code, err, "train", str(last), "tokenizer")
     assert last.read_bytes() == before and not (tmp_path / "ft" / "checkpoint_last.pt").exists()
 
@@ -150,8 +155,14 @@ def test_full_disk_keeps_the_previous_checkpoint(nmt_cli, demo_data_dir, tmp_pat
     monkeypatch.setattr(torch, "save", disk_full)
     code, _, err = nmt_cli("train", *train_args(demo_data_dir, run, "max_update=4"))
     monkeypatch.setattr(torch, "save", real_save)
-    line = one_line_error(code, err.strip().splitlines()[-1] + "\n", "train", "checkpoint_last.pt",
-                          "No space left on device", "previous checkpoint is intact")
+    line = one_line_error(
+        code,
+        err.strip().splitlines()[-1] + "\n",
+        "train",
+        "checkpoint_last.pt",
+        "No space left on device",
+        "previous checkpoint is intact",
+    )
     assert "error" in line and err.count("error:") == 1 and "Traceback" not in err
     assert (run / "checkpoint_last.pt").read_bytes() == before
     assert load_checkpoint(run / "checkpoint_last.pt")["train_state"]["num_updates"] == 2

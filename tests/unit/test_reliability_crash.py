@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from nmt.checkpoint import load_checkpoint
 from test_reliability_input import train_args
 from train_helpers import assert_bitwise_equal, last_params
+
+from nmt.checkpoint import load_checkpoint
 
 BIN = Path(sys.executable).parent
 UPDATES = 16
@@ -32,8 +32,14 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "NMT_DEBUG": ""}
 
 def run_args(data: Path, save_dir: Path, max_update: int = UPDATES) -> list[str]:
     """Save every update (so a kill loses at most one) and keep few numbered files."""
-    return train_args(data, save_dir, f"max_update={max_update}", "save_interval_updates=1",
-                      "keep_last=2", "log_interval=1")
+    return train_args(
+        data,
+        save_dir,
+        f"max_update={max_update}",
+        "save_interval_updates=1",
+        "keep_last=2",
+        "log_interval=1",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,9 @@ def reference(demo_data_dir, tmp_path_factory) -> Path:
 
 
 def start(argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV
+    )
 
 
 def saved_update(save_dir: Path) -> int:
@@ -121,13 +129,20 @@ def sigint_after_next_update(proc: subprocess.Popen, save_dir: Path) -> str:
     return proc.communicate(timeout=60)[1]
 
 
-def test_kill_mid_write_kill_at_random_sigint_then_resume_bitwise(demo_data_dir, tmp_path, reference):
+def test_kill_mid_write_kill_at_random_sigint_then_resume_bitwise(
+    demo_data_dir, tmp_path, reference
+):
     """One run dir through every kind of interruption, then the same command finishes it."""
     run = tmp_path / "run"
     args = run_args(demo_data_dir, run)
     # 1. SIGKILL half way through the 3rd checkpoint write
-    proc = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, "3", *args],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_MID_WRITE, "3", *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert saved_update(run) == 2  # the 3rd write died: the 2nd is complete and readable
     half_written = list(run.glob(".checkpoint_last.pt.*.tmp"))
@@ -143,7 +158,9 @@ def test_kill_mid_write_kill_at_random_sigint_then_resume_bitwise(demo_data_dir,
     assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
     assert "Traceback" not in err and stopped > killed_at
     assert f"interrupted at update {stopped}" in err.strip().splitlines()[-1]
-    events = [json.loads(line) for line in (run / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    events = [
+        json.loads(line) for line in (run / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     assert events[-1]["reason"] == "signal" and events[-1]["update"] == stopped
     # 4. the same command resumes to the end: bitwise the uninterrupted result
     assert stopped < UPDATES, "the run ended before the SIGINT arrived; raise UPDATES"

@@ -7,15 +7,17 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from test_ddp import start_ranks_with_a_faulty_rank_1
 
 
 @pytest.mark.slow
 def test_a_rank_that_raises_stops_the_other_within_the_timeout(demo_data_dir, tmp_path):
     procs = start_ranks_with_a_faulty_rank_1(
-        demo_data_dir, tmp_path, 'raise NmtError("update 3: injected failure on rank 1")',
-        imports="from nmt.errors import NmtError")
+        demo_data_dir,
+        tmp_path,
+        'raise NmtError("update 3: injected failure on rank 1")',
+        imports="from nmt.errors import NmtError",
+    )
     try:
         out1 = procs[1].communicate(timeout=120)
         failed_at = time.monotonic()
@@ -25,7 +27,9 @@ def test_a_rank_that_raises_stops_the_other_within_the_timeout(demo_data_dir, tm
         for p in procs:
             p.kill()
     assert procs[1].returncode == 2
-    assert out1[1].strip().splitlines()[-1] == "nmt-train: error: update 3: injected failure on rank 1"
+    assert (
+        out1[1].strip().splitlines()[-1] == "nmt-train: error: update 3: injected failure on rank 1"
+    )
     assert procs[0].returncode == 2, out0[1][-2000:]
     last = out0[1].strip().splitlines()[-1]
     assert last.startswith("nmt-train: error: rank 0/2: lost contact with the other ranks"), last

@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from train_helpers import run_training, tiny_config
+
 
 def one_line_error(code: int, err: str, command: str, *needles: str) -> str:
     """The error contract: exit != 0, one stderr line, no traceback, naming every needle."""
@@ -40,35 +40,55 @@ def ckpt(demo_data_dir, tmp_path_factory) -> Path:
 
 
 def train_args(data: Path, save_dir: Path, *extra: str) -> list[str]:
-    return [f"data={data}", f"save_dir={save_dir}", "train_split=valid", "valid_split=''",
-            "max_tokens=500", "max_update=1", "threads=1", "device=cpu", "tensorboard=false",
-            "progress_bar=false", "model.embed_dim=16", "model.ffn_dim=32", "model.attention_heads=2",
-            "model.encoder_layers=1", "model.decoder_layers=1", *extra]
+    return [
+        f"data={data}",
+        f"save_dir={save_dir}",
+        "train_split=valid",
+        "valid_split=''",
+        "max_tokens=500",
+        "max_update=1",
+        "threads=1",
+        "device=cpu",
+        "tensorboard=false",
+        "progress_bar=false",
+        "model.embed_dim=16",
+        "model.ffn_dim=32",
+        "model.attention_heads=2",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        *extra,
+    ]
 
 
 # ------------------------------------------------------------------ configuration
 
 
-@pytest.mark.parametrize("command, override, needle", [
-    ("train", "no_such_key=1", "no_such_key"),
-    ("train", "max_tokens=lots", "max_tokens"),
-    ("train", "optim.lr=fast", "optim.lr"),
-    ("generate", "beam=wide", "beam"),
-    ("score", "metrics=7", "metrics"),
-    ("preprocess", "spm.vocab_size=1.5", "spm.vocab_size"),
-])
+@pytest.mark.parametrize(
+    "command, override, needle",
+    [
+        ("train", "no_such_key=1", "no_such_key"),
+        ("train", "max_tokens=lots", "max_tokens"),
+        ("train", "optim.lr=fast", "optim.lr"),
+        ("generate", "beam=wide", "beam"),
+        ("score", "metrics=7", "metrics"),
+        ("preprocess", "spm.vocab_size=1.5", "spm.vocab_size"),
+    ],
+)
 def test_unknown_keys_and_wrong_types_name_the_key(nmt_cli, tmp_path, command, override, needle):
     code, out, err = nmt_cli(command, override)
     one_line_error(code, err, command, needle)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["optim.lr=-0.001"], "optim.lr"),
-    (["model.attention_heads=3"], "model.attention_heads"),
-    (["max_tokens=1"], "max_tokens"),
-    (["label_smoothing=1.5"], "label_smoothing"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["optim.lr=-0.001"], "optim.lr"),
+        (["model.attention_heads=3"], "model.attention_heads"),
+        (["max_tokens=1"], "max_tokens"),
+        (["label_smoothing=1.5"], "label_smoothing"),
+    ],
+)
 def test_impossible_training_values_name_the_key(nmt_cli, demo_data_dir, tmp_path, extra, needle):
     code, _, err = nmt_cli("train", *train_args(demo_data_dir, tmp_path / "run", *extra))
     one_line_error(code, err, "train", needle)
@@ -80,20 +100,29 @@ def test_share_all_embeddings_with_separate_vocabs(nmt_cli, preprocess_config, t
 
     cfg = preprocess_config("spm.joint=false")
     run(cfg)
-    code, _, err = nmt_cli("train", *train_args(Path(cfg.data.dest), tmp_path / "run",
-                                                "model.share_all_embeddings=true"))
+    code, _, err = nmt_cli(
+        "train",
+        *train_args(Path(cfg.data.dest), tmp_path / "run", "model.share_all_embeddings=true"),
+    )
     one_line_error(code, err, "train", "model.share_all_embeddings")
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("override, needle", [("beam=0", "beam"), ("nbest=0", "nbest"),
-                                              ("max_sentences=0", "max_sentences"),
-                                              ("temperature=0", "temperature")])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("beam=0", "beam"),
+        ("nbest=0", "nbest"),
+        ("max_sentences=0", "max_sentences"),
+        ("temperature=0", "temperature"),
+    ],
+)
 def test_impossible_generation_values_name_the_key(nmt_cli, ckpt, tmp_path, override, needle):
     src = tmp_path / "in.en"
     src.write_text("a dog\n", encoding="utf-8")
-    code, out, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={src}", override,
-                             f"output={tmp_path / 'out.de'}")
+    code, out, err = nmt_cli(
+        "generate", f"checkpoint={ckpt}", f"input={src}", override, f"output={tmp_path / 'out.de'}"
+    )
     one_line_error(code, err, "generate", needle)
     assert not (tmp_path / "out.de").exists()
 
@@ -107,8 +136,9 @@ def test_data_dir_without_meta_json(nmt_cli, demo_data_dir, tmp_path):
     (broken / "meta.json").unlink()  # what an interrupted copy or a foreign folder looks like
     code, _, err = nmt_cli("train", *train_args(broken, tmp_path / "run"))
     one_line_error(code, err, "train", str(broken), "meta.json")
-    code, _, err = nmt_cli("generate", f"checkpoint={tmp_path / 'x.pt'}", f"input={broken}",
-                           "split=test")
+    code, _, err = nmt_cli(
+        "generate", f"checkpoint={tmp_path / 'x.pt'}", f"input={broken}", "split=test"
+    )
     assert code != 0 and len(err.strip().splitlines()) == 1
 
 
@@ -120,8 +150,9 @@ def test_data_dir_of_another_format_version(nmt_cli, demo_data_dir, ckpt, tmp_pa
     (other / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
     code, _, err = nmt_cli("train", *train_args(other, tmp_path / "run"))
     one_line_error(code, err, "train", "meta.json", "format_version 99")
-    code, _, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={other}", "split=test",
-                           "device=cpu")
+    code, _, err = nmt_cli(
+        "generate", f"checkpoint={ckpt}", f"input={other}", "split=test", "device=cpu"
+    )
     one_line_error(code, err, "generate", "format_version 99")
 
 
@@ -138,13 +169,22 @@ def test_unwritable_output_paths(nmt_cli, demo_data_dir, ckpt, small_corpus, tmp
     blocker.write_text("x", encoding="utf-8")
     src = tmp_path / "in.en"
     src.write_text("a dog\n", encoding="utf-8")
-    code, _, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={src}", "device=cpu",
-                           f"output={blocker / 'out.de'}")
+    code, _, err = nmt_cli(
+        "generate",
+        f"checkpoint={ckpt}",
+        f"input={src}",
+        "device=cpu",
+        f"output={blocker / 'out.de'}",
+    )
     one_line_error(code, err, "generate", str(blocker))
     code, _, err = nmt_cli("train", *train_args(demo_data_dir, blocker / "run"))
     one_line_error(code, err, "train", str(blocker))
-    code, _, err = nmt_cli("preprocess", f"data.trainpref={small_corpus / 'train'}",
-                           f"data.dest={blocker / 'data'}", "workers=1")
+    code, _, err = nmt_cli(
+        "preprocess",
+        f"data.trainpref={small_corpus / 'train'}",
+        f"data.dest={blocker / 'data'}",
+        "workers=1",
+    )
     one_line_error(code, err, "preprocess", str(blocker))
     assert blocker.read_text(encoding="utf-8") == "x"
 
@@ -158,8 +198,12 @@ def test_crlf_and_bom_are_normalized_in_generation(nmt_cli, ckpt, tmp_path):
     plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
     windows = tmp_path / "crlf.en"
     windows.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8") + b"\r\n")
-    runs = [nmt_cli("generate", f"checkpoint={ckpt}", f"input={p}", "device=cpu", "beam=2",
-                    "format=fairseq") for p in (plain, windows)]
+    runs = [
+        nmt_cli(
+            "generate", f"checkpoint={ckpt}", f"input={p}", "device=cpu", "beam=2", "format=fairseq"
+        )
+        for p in (plain, windows)
+    ]
     assert all(code == 0 for code, _, _ in runs)
     assert runs[0][1] == runs[1][1]  # the same S- (normalized source) and H- lines
     assert "\ufeff" not in runs[1][1] and "\r" not in runs[1][1]
@@ -180,8 +224,9 @@ def test_empty_generation_input_gives_empty_output(nmt_cli, ckpt, tmp_path):
     empty = tmp_path / "empty.en"
     empty.write_bytes(b"")
     out = tmp_path / "out.de"
-    code, stdout, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={empty}", "device=cpu",
-                                f"output={out}")
+    code, stdout, err = nmt_cli(
+        "generate", f"checkpoint={ckpt}", f"input={empty}", "device=cpu", f"output={out}"
+    )
     assert code == 0 and out.read_bytes() == b""
     assert "translated 0 sentences" in err and "Traceback" not in err
 
@@ -217,8 +262,17 @@ def test_awkward_input_gives_one_output_per_line(nmt_cli, ckpt, tmp_path, fmt, m
     src = tmp_path / "in.en"
     src.write_text("\n".join(AWKWARD) + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
-    code, _, err = nmt_cli("generate", f"checkpoint={ckpt}", f"input={src}", "device=cpu", "beam=2",
-                           "max_len_b=8", f"format={fmt}", f"max_tokens={max_tokens}", f"output={out}")
+    code, _, err = nmt_cli(
+        "generate",
+        f"checkpoint={ckpt}",
+        f"input={src}",
+        "device=cpu",
+        "beam=2",
+        "max_len_b=8",
+        f"format={fmt}",
+        f"max_tokens={max_tokens}",
+        f"output={out}",
+    )
     assert code == 0, err
     assert "Traceback" not in err and "in.en:3" in err  # the long line is truncated, with a warning
     lines = out.read_text(encoding="utf-8").split("\n")
@@ -275,7 +329,10 @@ def test_piped_generation_answers_before_the_input_ends(ckpt, monkeypatch):
 
     def generate() -> None:
         try:
-            main("generate", [f"checkpoint={ckpt}", "device=cpu", "threads=1", "beam=1", "max_len_b=5"])
+            main(
+                "generate",
+                [f"checkpoint={ckpt}", "device=cpu", "threads=1", "beam=1", "max_len_b=5"],
+            )
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
             failures.append(exc)
         finally:
@@ -321,13 +378,21 @@ def _deny_reading(monkeypatch, denied: Path) -> None:
     monkeypatch.setattr(io, "open", guarded)
 
 
-def test_an_unreadable_corpus_file_is_one_line_naming_it(nmt_cli, small_corpus, tmp_path, monkeypatch):
+def test_an_unreadable_corpus_file_is_one_line_naming_it(
+    nmt_cli, small_corpus, tmp_path, monkeypatch
+):
     denied = small_corpus / "train.de"
     _deny_reading(monkeypatch, denied)
-    code, _, err = nmt_cli("preprocess", f"data.trainpref={small_corpus / 'train'}",
-                           f"data.validpref={small_corpus / 'valid'}", "data.testpref=[]",
-                           f"data.dest={tmp_path / 'out'}", "spm.vocab_size=200",
-                           "spm.byte_fallback=false", "workers=1")
+    code, _, err = nmt_cli(
+        "preprocess",
+        f"data.trainpref={small_corpus / 'train'}",
+        f"data.validpref={small_corpus / 'valid'}",
+        "data.testpref=[]",
+        f"data.dest={tmp_path / 'out'}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "workers=1",
+    )
     one_line_error(code, err, "preprocess", str(denied), "Permission denied")
     assert not (tmp_path / "out").exists()
 
@@ -336,9 +401,15 @@ def test_an_unreadable_corpus_file_is_one_line_naming_it(nmt_cli, small_corpus, 
 def test_a_chmod_000_corpus_file_is_one_line_naming_it(nmt_cli, small_corpus, tmp_path):
     denied = small_corpus / "train.de"
     denied.chmod(0)
-    code, _, err = nmt_cli("preprocess", f"data.trainpref={small_corpus / 'train'}",
-                           f"data.validpref={small_corpus / 'valid'}", "data.testpref=[]",
-                           f"data.dest={tmp_path / 'out'}", "spm.vocab_size=200",
-                           "spm.byte_fallback=false", "workers=1")
+    code, _, err = nmt_cli(
+        "preprocess",
+        f"data.trainpref={small_corpus / 'train'}",
+        f"data.validpref={small_corpus / 'valid'}",
+        "data.testpref=[]",
+        f"data.dest={tmp_path / 'out'}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "workers=1",
+    )
     one_line_error(code, err, "preprocess", str(denied))
     assert not (tmp_path / "out").exists()

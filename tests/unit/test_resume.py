@@ -7,10 +7,10 @@ import signal
 
 import pytest
 import torch
+from train_helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint
 from nmt.training.trainer import Trainer
-from train_helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
 # Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,8 +22,15 @@ def _epoch_length(demo_data_dir, tmp_path) -> int:
     t = Trainer(tiny_config(demo_data_dir, tmp_path / "probe", update_freq=2))
     from nmt.data.batching import epoch_batches
 
-    batches = epoch_batches(t.train_indices, t.train_data.src_sizes, t.train_data.tgt_sizes,
-                            max_tokens=500, max_sentences=0, seed=1, epoch=1)
+    batches = epoch_batches(
+        t.train_indices,
+        t.train_data.src_sizes,
+        t.train_data.tgt_sizes,
+        max_tokens=500,
+        max_sentences=0,
+        seed=1,
+        epoch=1,
+    )
     return -(-len(batches) // 2)
 
 
@@ -35,23 +42,30 @@ def uninterrupted(demo_data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stop_at", ["mid_epoch", "epoch_end"])
-def test_resume_is_bitwise_equal_to_an_uninterrupted_run(demo_data_dir, tmp_path, uninterrupted, stop_at):
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(
+    demo_data_dir, tmp_path, uninterrupted, stop_at
+):
     per_epoch = _epoch_length(demo_data_dir, tmp_path)
     assert per_epoch < TOTAL  # the run crosses an epoch boundary
     first = 5 if stop_at == "mid_epoch" else per_epoch
     run_training(tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=first))
     state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
     assert state["num_updates"] == first
-    assert (state["epoch"], state["position"] == 0) == ((1, False) if stop_at == "mid_epoch" else (2, True))
+    assert (state["epoch"], state["position"] == 0) == (
+        (1, False) if stop_at == "mid_epoch" else (2, True)
+    )
     run_training(tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL))
     assert_bitwise_equal(last_params(tmp_path / "run"), last_params(uninterrupted))
-    a = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]["optimizer"]["state"]
+    a = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]["optimizer"][
+        "state"
+    ]
     b = load_checkpoint(uninterrupted / "checkpoint_last.pt")["train_state"]["optimizer"]["state"]
     assert all(torch.equal(a[k]["exp_avg_sq"], b[k]["exp_avg_sq"]) for k in a)
 
 
-def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(demo_data_dir, tmp_path, uninterrupted,
-                                                                monkeypatch):
+def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(
+    demo_data_dir, tmp_path, uninterrupted, monkeypatch
+):
     real_step = Trainer._train_step
 
     def step_then_signal(self, group):
@@ -60,8 +74,14 @@ def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(demo_data_dir, tm
             os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-loop, like a scheduler's kill
 
     monkeypatch.setattr(Trainer, "_train_step", step_then_signal)
-    result = run_training(tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL))
-    assert result.stop_reason == "signal" and result.signal == signal.SIGTERM and result.num_updates == 3
+    result = run_training(
+        tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL)
+    )
+    assert (
+        result.stop_reason == "signal"
+        and result.signal == signal.SIGTERM
+        and result.num_updates == 3
+    )
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
     monkeypatch.setattr(Trainer, "_train_step", real_step)
     run_training(tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL))
@@ -79,15 +99,28 @@ def test_rerunning_a_finished_run_changes_nothing(demo_data_dir, tmp_path):
 
 def test_resets_and_finetune(demo_data_dir, tmp_path):
     run_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=5))
-    t = Trainer(tiny_config(demo_data_dir, tmp_path / "run", max_update=8, reset_lr_scheduler=True,
-                            reset_dataloader=True, reset_optimizer=True))
+    t = Trainer(
+        tiny_config(
+            demo_data_dir,
+            tmp_path / "run",
+            max_update=8,
+            reset_lr_scheduler=True,
+            reset_dataloader=True,
+            reset_optimizer=True,
+        )
+    )
     assert t.num_updates == 5 and (t.epoch, t.position) == (1, 0)
     assert t.scheduler.lr_at(t.num_updates) == t.cfg.optim.warmup_init_lr  # the schedule restarts
     assert not t.optimizer.state  # fresh Adam moments
     kept = Trainer(tiny_config(demo_data_dir, tmp_path / "run", max_update=8))
     assert kept.position > 0 and kept.optimizer.state
 
-    ft = Trainer(tiny_config(demo_data_dir, tmp_path / "ft", finetune_from=str(tmp_path / "run" /
-                                                                                "checkpoint_last.pt")))
+    ft = Trainer(
+        tiny_config(
+            demo_data_dir,
+            tmp_path / "ft",
+            finetune_from=str(tmp_path / "run" / "checkpoint_last.pt"),
+        )
+    )
     assert ft.num_updates == 0 and not ft.optimizer.state
     assert_bitwise_equal(ft.model.state_dict(), last_params(tmp_path / "run"))

@@ -13,7 +13,9 @@ import pytest
 from nmt.cli import main
 
 SACREBLEU = str(Path(sys.executable).parent / "sacrebleu")
-WORDS = "ein Mann eine Frau Hund läuft über die Straße im Park , . mit einem roten Ball spielt".split()
+WORDS = (
+    "ein Mann eine Frau Hund läuft über die Straße im Park , . mit einem roten Ball spielt".split()
+)
 
 
 def _corpus(seed: int, n: int = 60) -> list[str]:
@@ -30,8 +32,12 @@ def _noisy(lines: list[str], seed: int, p: float) -> list[str]:
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
     ref = _corpus(1)
-    out = {"ref": ref, "ref2": _noisy(ref, 2, 0.2), "hyp": _noisy(ref, 3, 0.1),
-           "base": _noisy(ref, 4, 0.5)}
+    out = {
+        "ref": ref,
+        "ref2": _noisy(ref, 2, 0.2),
+        "hyp": _noisy(ref, 3, 0.1),
+        "base": _noisy(ref, 4, 0.5),
+    }
     paths = {}
     for name, lines in out.items():
         paths[name] = tmp_path / f"{name}.de"
@@ -45,21 +51,35 @@ def _score_json(capsys, *args: str) -> dict:
 
 
 def _sacrebleu_json(hyp: Path, refs: list[Path], *options: str) -> list[dict]:
-    proc = subprocess.run([SACREBLEU, *map(str, refs), "-i", str(hyp), "-f", "json", "-w", "6",
-                           *options], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [SACREBLEU, *map(str, refs), "-i", str(hyp), "-f", "json", "-w", "6", *options],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     parsed = json.loads(proc.stdout)
     return parsed if isinstance(parsed, list) else [parsed]
 
 
-@pytest.mark.parametrize("extra,options", [
-    ([], []),
-    (["bleu.tokenize=intl", "bleu.lowercase=true", "chrf.word_order=2"],
-     ["--tokenize", "intl", "--lowercase", "--chrf-word-order", "2"]),
-])
+@pytest.mark.parametrize(
+    "extra,options",
+    [
+        ([], []),
+        (
+            ["bleu.tokenize=intl", "bleu.lowercase=true", "chrf.word_order=2"],
+            ["--tokenize", "intl", "--lowercase", "--chrf-word-order", "2"],
+        ),
+    ],
+)
 def test_corpus_scores_equal_sacrebleu_cli(files, capsys, extra, options):
     refs = [files["ref"], files["ref2"]]
-    ours = _score_json(capsys, f"hyp={files['hyp']}", f"refs=[{refs[0]},{refs[1]}]",
-                       "metrics=[bleu,chrf,ter]", *extra)["scores"]
+    ours = _score_json(
+        capsys,
+        f"hyp={files['hyp']}",
+        f"refs=[{refs[0]},{refs[1]}]",
+        "metrics=[bleu,chrf,ter]",
+        *extra,
+    )["scores"]
     theirs = _sacrebleu_json(files["hyp"], refs, "-m", "bleu", "chrf", "ter", *options)
     assert [s["name"] for s in ours] == [s["name"] for s in theirs]
     for mine, cli in zip(ours, theirs):
@@ -75,18 +95,26 @@ def test_text_output_has_signature_and_score(files, capsys):
 
 
 def test_sentence_level_one_row_per_line_and_perfect_match_is_100(files, tmp_path, capsys):
-    out = _score_json(capsys, f"hyp={files['ref']}", f"refs={files['ref']}", "sentence_level=true",
-                      "metrics=[bleu,chrf]")
+    out = _score_json(
+        capsys,
+        f"hyp={files['ref']}",
+        f"refs={files['ref']}",
+        "sentence_level=true",
+        "metrics=[bleu,chrf]",
+    )
     assert len(out["sentences"]) == out["lines"] == 60
-    assert all(row["BLEU"] == pytest.approx(100) and row["chrF2"] == pytest.approx(100)
-               for row in out["sentences"])
+    assert all(
+        row["BLEU"] == pytest.approx(100) and row["chrF2"] == pytest.approx(100)
+        for row in out["sentences"]
+    )
     # Corpus BLEU is unaffected by the sentence-level effective order.
     assert out["scores"][0]["signature"].split("|")[2] == "eff:no"
 
 
 def test_bootstrap_interval_brackets_the_score(files, capsys):
-    score = _score_json(capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", "confidence=true",
-                        "confidence_n=200")["scores"][0]
+    score = _score_json(
+        capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", "confidence=true", "confidence_n=200"
+    )["scores"][0]
     assert score["ci"] > 0
     assert abs(score["mean"] - score["score"]) < 2 * score["ci"]
     assert "bs:200" in score["signature"]
@@ -95,8 +123,14 @@ def test_bootstrap_interval_brackets_the_score(files, capsys):
 @pytest.mark.parametrize("test_type", ["bs", "ar"])
 def test_paired_test(files, capsys, test_type):
     n = "paired_n=200"
-    better = _score_json(capsys, f"hyp={files['hyp']}", f"baseline={files['base']}",
-                         f"refs={files['ref']}", f"paired_test={test_type}", n)["paired_test"]
+    better = _score_json(
+        capsys,
+        f"hyp={files['hyp']}",
+        f"baseline={files['base']}",
+        f"refs={files['ref']}",
+        f"paired_test={test_type}",
+        n,
+    )["paired_test"]
     result = better["results"][0]
     assert result["system_score"] > result["baseline_score"]
     assert result["p_value"] < 0.05
@@ -105,8 +139,14 @@ def test_paired_test(files, capsys, test_type):
     near = files["hyp"].with_name("near.de")
     ref = files["ref"].read_text(encoding="utf-8").splitlines()
     near.write_text("\n".join(_noisy(ref, 5, 0.1)) + "\n", encoding="utf-8")
-    same = _score_json(capsys, f"hyp={near}", f"baseline={files['hyp']}",
-                       f"refs={files['ref']}", f"paired_test={test_type}", n)["paired_test"]
+    same = _score_json(
+        capsys,
+        f"hyp={near}",
+        f"baseline={files['hyp']}",
+        f"refs={files['ref']}",
+        f"paired_test={test_type}",
+        n,
+    )["paired_test"]
     assert same["results"][0]["p_value"] > 0.05
 
 
@@ -134,7 +174,9 @@ def test_errors_are_one_line(files, tmp_path, capsys):
     assert "empty" in _error(capsys, f"hyp={empty}", f"refs={files['ref']}")
 
     assert "refs" in _error(capsys, f"hyp={files['hyp']}")
-    assert "meteor" in _error(capsys, f"hyp={files['hyp']}", f"refs={files['ref']}",
-                              "metrics=[bleu,meteor]")
-    assert "bleu.tokenize" in _error(capsys, f"hyp={files['hyp']}", f"refs={files['ref']}",
-                                     "bleu.tokenize=nope")
+    assert "meteor" in _error(
+        capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", "metrics=[bleu,meteor]"
+    )
+    assert "bleu.tokenize" in _error(
+        capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", "bleu.tokenize=nope"
+    )

@@ -17,8 +17,10 @@ from nmt.generation.search import (
 )
 
 
-@pytest.mark.parametrize("length,lenpen,expected", [(4, 1.0, 4.0), (4, 0.0, 1.0), (4, 0.5, 2.0),
-                                                    (8, 2.0, 64.0), (1, 3.0, 1.0)])
+@pytest.mark.parametrize(
+    "length,lenpen,expected",
+    [(4, 1.0, 4.0), (4, 0.0, 1.0), (4, 0.5, 2.0), (8, 2.0, 64.0), (1, 3.0, 1.0)],
+)
 def test_length_penalty_at_points(length, lenpen, expected):
     assert length_penalty(length, lenpen) == pytest.approx(expected)
     assert float(length_penalty(torch.tensor(float(length)), lenpen)) == pytest.approx(expected)
@@ -26,8 +28,14 @@ def test_length_penalty_at_points(length, lenpen, expected):
 
 def test_beam_candidates_rank_sums_of_scores_and_log_probs():
     scores = torch.tensor([[-1.0, -1.5]])  # [N=1,K=2]
-    lprobs = torch.tensor([[[-0.1, -1.0, -2.0, -3.0],    # beam 0: totals -1.1 -2.0 -3.0 -4.0
-                            [-0.6, -0.2, -4.0, -5.0]]])  # beam 1: totals -2.1 -1.7 -5.5 -6.5
+    lprobs = torch.tensor(
+        [
+            [
+                [-0.1, -1.0, -2.0, -3.0],  # beam 0: totals -1.1 -2.0 -3.0 -4.0
+                [-0.6, -0.2, -4.0, -5.0],
+            ]
+        ]
+    )  # beam 1: totals -2.1 -1.7 -5.5 -6.5
     cand_scores, tokens, origins = beam_candidates(lprobs, scores)
     assert cand_scores.shape == (1, 4)  # 2K candidates
     assert cand_scores[0].tolist() == pytest.approx([-1.1, -1.7, -2.0, -2.1])

@@ -24,19 +24,30 @@ def _lines(corpus: Path, name: str) -> list[str]:
 @pytest.fixture
 def tokenizer(small_corpus: Path) -> Tokenizer:
     text = _lines(small_corpus, "train.en") + _lines(small_corpus, "train.de")
-    return train_tokenizer(text, vocab_size=400, model_type="unigram", character_coverage=1.0,
-                           byte_fallback=True, input_sentence_size=0,
-                           user_defined_symbols=["<sep>"],
-                           num_threads=1, seed=1, what="small corpus")
+    return train_tokenizer(
+        text,
+        vocab_size=400,
+        model_type="unigram",
+        character_coverage=1.0,
+        byte_fallback=True,
+        input_sentence_size=0,
+        user_defined_symbols=["<sep>"],
+        num_threads=1,
+        seed=1,
+        what="small corpus",
+    )
 
 
-@pytest.mark.parametrize("raw, nfkc, expected", [
-    ("  a \t b\r", False, "a b"),
-    ("a\u00a0b\u2003c", False, "a b c"),  # no-break and em spaces are whitespace too
-    ("\ufb01le Ｎｏ.１", False, "\ufb01le Ｎｏ.１"),
-    ("\ufb01le Ｎｏ.１", True, "file No.1"),
-    ("", True, ""),
-])
+@pytest.mark.parametrize(
+    "raw, nfkc, expected",
+    [
+        ("  a \t b\r", False, "a b"),
+        ("a\u00a0b\u2003c", False, "a b c"),  # no-break and em spaces are whitespace too
+        ("\ufb01le Ｎｏ.１", False, "\ufb01le Ｎｏ.１"),
+        ("\ufb01le Ｎｏ.１", True, "file No.1"),
+        ("", True, ""),
+    ],
+)
 def test_normalize_text(raw: str, nfkc: bool, expected: str) -> None:
     assert normalize_text(raw, nfkc) == expected
 
@@ -68,8 +79,11 @@ def test_from_bytes_and_from_file_agree(tokenizer: Tokenizer, tmp_path: Path) ->
     path = tmp_path / "m.model"
     path.write_bytes(tokenizer.model_bytes)
     line = "Lena will zweiundvierzig rote Lampen kaufen."
-    assert Tokenizer.from_file(path).encode(line) == Tokenizer.from_bytes(
-        tokenizer.model_bytes).encode(line) == tokenizer.encode(line)
+    assert (
+        Tokenizer.from_file(path).encode(line)
+        == Tokenizer.from_bytes(tokenizer.model_bytes).encode(line)
+        == tokenizer.encode(line)
+    )
     assert Tokenizer.from_file(path).sha256 == tokenizer.sha256
 
 
@@ -82,18 +96,28 @@ def test_bad_model_files_are_one_line_errors(tmp_path: Path) -> None:
         Tokenizer.from_file(junk)
 
 
-def test_model_with_other_special_ids_is_refused(small_corpus: Path, tmp_path: Path,
-                                                 preprocess_config, nmt_cli) -> None:
+def test_model_with_other_special_ids_is_refused(
+    small_corpus: Path, tmp_path: Path, preprocess_config, nmt_cli
+) -> None:
     model = io.BytesIO()  # SentencePiece's own defaults: unk=0 bos=1 eos=2, no pad
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(_lines(small_corpus, "train.en")),
-                                   model_writer=model, vocab_size=100, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_lines(small_corpus, "train.en")),
+        model_writer=model,
+        vocab_size=100,
+        minloglevel=2,
+    )
     path = tmp_path / "foreign.model"
     path.write_bytes(model.getvalue())
     with pytest.raises(NmtError, match="nmt needs bos=0 pad=1 eos=2 unk=3"):
         Tokenizer.from_file(path).check_special_ids("foreign")
-    code, _, err = nmt_cli("preprocess", f"spm.model={path}",
-                           f"data.trainpref={small_corpus / 'train'}", "data.validpref=null",
-                           "data.testpref=[]", f"data.dest={tmp_path / 'out'}")
+    code, _, err = nmt_cli(
+        "preprocess",
+        f"spm.model={path}",
+        f"data.trainpref={small_corpus / 'train'}",
+        "data.validpref=null",
+        "data.testpref=[]",
+        f"data.dest={tmp_path / 'out'}",
+    )
     assert code != 0 and len(err.splitlines()) == 1
     assert f"spm.model={path}" in err and not (tmp_path / "out").exists()
 
@@ -102,8 +126,11 @@ def test_preprocess_reuses_a_given_model(preprocess_config, tmp_path: Path) -> N
     first = preprocess_config(f"data.dest={tmp_path / 'first'}")
     run(first)
     model = tmp_path / "first" / "spm.model"
-    run(preprocess_config(f"data.dest={tmp_path / 'second'}", f"spm.model={model}",
-                          "spm.vocab_size=999"))  # ignored: the reused model decides
+    run(
+        preprocess_config(
+            f"data.dest={tmp_path / 'second'}", f"spm.model={model}", "spm.vocab_size=999"
+        )
+    )  # ignored: the reused model decides
     meta = load_meta(tmp_path / "second")
     first_meta = load_meta(tmp_path / "first")
     assert meta.tokenizers["src"]["sha256"] == first_meta.tokenizers["src"]["sha256"]
@@ -125,9 +152,13 @@ def test_separate_vocabularies(preprocess_config, tmp_path: Path) -> None:
     decoded = [tgt_tok.decode(TokenArray(out / "valid.de")[i]) for i in range(len(raw))]
     assert decoded == raw
     # the two models can be reused as a pair
-    run(preprocess_config(f"data.dest={tmp_path / 'again'}",
-                          f"spm.src_model={out / 'spm.en.model'}",
-                          f"spm.tgt_model={out / 'spm.de.model'}"))
+    run(
+        preprocess_config(
+            f"data.dest={tmp_path / 'again'}",
+            f"spm.src_model={out / 'spm.en.model'}",
+            f"spm.tgt_model={out / 'spm.de.model'}",
+        )
+    )
     assert (tmp_path / "again" / "valid.de.bin").read_bytes() == (out / "valid.de.bin").read_bytes()
 
 

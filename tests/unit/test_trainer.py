@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import TINY_MODEL, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
 from nmt.training import trainer as trainer_module
 from nmt.training.config import OptimConfig
 from nmt.training.trainer import Trainer
-from train_helpers import TINY_MODEL, run_training, tiny_config
 
 # Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,14 +27,26 @@ def _events(save_dir: Path) -> list[dict]:
 
 
 def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=6, valid_split="test",
-                      validate_interval_updates=3, save_interval_updates=2, keep_last=2,
-                      tensorboard=True)
+    cfg = tiny_config(
+        demo_data_dir,
+        tmp_path / "run",
+        max_update=6,
+        valid_split="test",
+        validate_interval_updates=3,
+        save_interval_updates=2,
+        keep_last=2,
+        tensorboard=True,
+    )
     result = run_training(cfg)
     assert result.num_updates == 6 and result.stop_reason == "max_update"
     run = tmp_path / "run"
     names = {p.name for p in run.glob("checkpoint*.pt")}
-    assert {"checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_1_4.pt", "checkpoint_1_6.pt"} <= names
+    assert {
+        "checkpoint_last.pt",
+        "checkpoint_best.pt",
+        "checkpoint_1_4.pt",
+        "checkpoint_1_6.pt",
+    } <= names
     assert "checkpoint_1_2.pt" not in names  # pruned by keep_last=2
     assert (run / "config.yaml").read_text().startswith("data: ")
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
@@ -59,8 +71,14 @@ def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
 
 
 def test_training_lowers_the_loss(demo_data_dir, tmp_path):
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=40, log_interval=20, no_save=True,
-                      optim=OptimConfig(lr=3e-3, scheduler="fixed", warmup_updates=0))
+    cfg = tiny_config(
+        demo_data_dir,
+        tmp_path / "run",
+        max_update=40,
+        log_interval=20,
+        no_save=True,
+        optim=OptimConfig(lr=3e-3, scheduler="fixed", warmup_updates=0),
+    )
     run_training(cfg)
     train = [e for e in _events(tmp_path / "run") if e["type"] == "train"]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5
@@ -69,10 +87,18 @@ def test_training_lowers_the_loss(demo_data_dir, tmp_path):
 def test_bf16_follows_the_fp32_loss_curve(demo_data_dir, tmp_path):
     losses = {}
     for precision in ("fp32", "bf16"):
-        cfg = tiny_config(demo_data_dir, tmp_path / precision, precision=precision, max_update=8,
-                          log_interval=4, no_save=True)
+        cfg = tiny_config(
+            demo_data_dir,
+            tmp_path / precision,
+            precision=precision,
+            max_update=8,
+            log_interval=4,
+            no_save=True,
+        )
         run_training(cfg)
-        losses[precision] = [e["loss"] for e in _events(tmp_path / precision) if e["type"] == "train"]
+        losses[precision] = [
+            e["loss"] for e in _events(tmp_path / precision) if e["type"] == "train"
+        ]
     assert losses["fp32"] != losses["bf16"]  # autocast really ran
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.02)
 
@@ -85,17 +111,28 @@ def test_clip_norm_logs_the_unclipped_norm(demo_data_dir, tmp_path):
 
 
 def test_max_epoch_and_eval_bleu(demo_data_dir, tmp_path):
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=0, max_epoch=1, valid_split="test",
-                      eval_bleu=True, eval_bleu_max_sentences=8, eval_bleu_len_b=3, best_metric="bleu")
+    cfg = tiny_config(
+        demo_data_dir,
+        tmp_path / "run",
+        max_update=0,
+        max_epoch=1,
+        valid_split="test",
+        eval_bleu=True,
+        eval_bleu_max_sentences=8,
+        eval_bleu_len_b=3,
+        best_metric="bleu",
+    )
     result = run_training(cfg)
     assert result.stop_reason == "max_epoch" and result.epoch == 2
     valid = [e for e in _events(tmp_path / "run") if e["type"] == "valid"]
     assert len(valid) == 1 and 0.0 <= valid[0]["bleu"] <= 100.0
-    assert (tmp_path / "run" / "checkpoint_1_{}.pt".format(result.num_updates)).exists()
+    assert (tmp_path / "run" / f"checkpoint_1_{result.num_updates}.pt").exists()
 
 
 def test_max_time_stops_after_the_update_in_progress(demo_data_dir, tmp_path):
-    result = run_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=50, max_time=1e-9))
+    result = run_training(
+        tiny_config(demo_data_dir, tmp_path / "run", max_update=50, max_time=1e-9)
+    )
     assert result.stop_reason == "max_time" and result.num_updates == 1
     state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
     assert state["num_updates"] == 1 and state["elapsed"] > 0
@@ -104,8 +141,14 @@ def test_max_time_stops_after_the_update_in_progress(demo_data_dir, tmp_path):
 def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
     values = iter([5.0, 4.0, 4.5, 4.6, 4.7])
     monkeypatch.setattr(Trainer, "validate", lambda self: {"loss": next(values), "nll": 0.0})
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", max_update=20, valid_split="test",
-                      validate_interval_updates=1, patience=2)
+    cfg = tiny_config(
+        demo_data_dir,
+        tmp_path / "run",
+        max_update=20,
+        valid_split="test",
+        validate_interval_updates=1,
+        patience=2,
+    )
     result = run_training(cfg)
     assert result.stop_reason == "patience" and result.num_updates == 4 and result.best == 4.0
     state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["train_state"]
@@ -143,15 +186,20 @@ def test_long_sentences_are_skipped_on_train_and_an_error_on_valid(demo_data_dir
         Trainer(replace(cfg, valid_split="test"))
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ({"precision": "fp16"}, "precision=fp16"),
-    ({"precision": "fp8"}, "precision='fp8'"),
-    ({"best_metric": "bleu"}, "best_metric=bleu"),
-    ({"update_freq": 0}, "update_freq=0"),
-    ({"train_split": "nope"}, "train_split='nope'"),
-    ({"data": "/nonexistent/data-bin"}, "/nonexistent/data-bin"),
-])
-def test_config_mistakes_are_one_line_errors_naming_the_key(demo_data_dir, tmp_path, overrides, key):
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"precision": "fp16"}, "precision=fp16"),
+        ({"precision": "fp8"}, "precision='fp8'"),
+        ({"best_metric": "bleu"}, "best_metric=bleu"),
+        ({"update_freq": 0}, "update_freq=0"),
+        ({"train_split": "nope"}, "train_split='nope'"),
+        ({"data": "/nonexistent/data-bin"}, "/nonexistent/data-bin"),
+    ],
+)
+def test_config_mistakes_are_one_line_errors_naming_the_key(
+    demo_data_dir, tmp_path, overrides, key
+):
     cfg = tiny_config(demo_data_dir, tmp_path / "run", **overrides)
     with pytest.raises(NmtError) as info:
         Trainer(cfg)
@@ -168,8 +216,17 @@ def test_resuming_with_another_architecture_is_refused(demo_data_dir, tmp_path):
 def test_cli_composes_the_yaml_and_reports_errors_in_one_line(demo_data_dir, tmp_path, capsys):
     from nmt.cli import compose_config, main, to_dataclass
 
-    cfg = to_dataclass(compose_config("train", [f"data={demo_data_dir}", "model=transformer_small",
-                                                "optim=adam_cosine", "max_update=100"]))
+    cfg = to_dataclass(
+        compose_config(
+            "train",
+            [
+                f"data={demo_data_dir}",
+                "model=transformer_small",
+                "optim=adam_cosine",
+                "max_update=100",
+            ],
+        )
+    )
     assert cfg.model.encoder_layers == 3 and cfg.optim.scheduler == "cosine"
     with pytest.raises(SystemExit) as info:
         main("train", [f"data={tmp_path / 'missing'}", f"save_dir={tmp_path / 'run'}"])

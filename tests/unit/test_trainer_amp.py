@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from train_helpers import run_training, tiny_config
 
 from nmt.errors import NmtError
 from nmt.training import trainer as trainer_module
 from nmt.training.trainer import Trainer
-from train_helpers import run_training, tiny_config
 
 # Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _trainer_with_cpu_scaler(demo_data_dir, tmp_path, monkeypatch, overflow_at, **overrides) -> Trainer:
+def _trainer_with_cpu_scaler(
+    demo_data_dir, tmp_path, monkeypatch, overflow_at, **overrides
+) -> Trainer:
     """A Trainer whose scaler is a live CPU GradScaler, and whose loss overflows to inf
     in the micro-batches numbered `overflow_at` (1-based), as an fp16 overflow would."""
     trainer = Trainer(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
@@ -44,14 +46,17 @@ def _trainer_with_cpu_scaler(demo_data_dir, tmp_path, monkeypatch, overflow_at, 
 
 
 def test_an_overflow_skips_the_update_and_lowers_the_scale(demo_data_dir, tmp_path, monkeypatch):
-    trainer = _trainer_with_cpu_scaler(demo_data_dir, tmp_path, monkeypatch, overflow_at={2},
-                                       max_update=3)
+    trainer = _trainer_with_cpu_scaler(
+        demo_data_dir, tmp_path, monkeypatch, overflow_at={2}, max_update=3
+    )
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     result = trainer.run()
     # 4 batches for 3 updates: the second batch overflowed and its update was skipped
     assert result.num_updates == 3 and trainer.position == 4
     assert trainer.scaler.get_scale() == 512.0  # halved once, not grown back yet
-    events = [json.loads(line) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()
+    ]
     train = [e for e in events if e["type"] == "train"]
     assert train[-1]["loss_scale"] == 512.0 and all(e["gnorm"] < float("inf") for e in train)
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
@@ -59,10 +64,19 @@ def test_an_overflow_skips_the_update_and_lowers_the_scale(demo_data_dir, tmp_pa
 
 
 def test_the_scale_falling_below_the_minimum_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
-    trainer = _trainer_with_cpu_scaler(demo_data_dir, tmp_path, monkeypatch, overflow_at=set(range(1, 100)),
-                                       max_update=20, fp16_min_scale=100.0)
-    with pytest.raises(NmtError, match=r"precision=fp16: the loss scale fell below fp16_min_scale=100 "
-                                       r"at update 1"):
+    trainer = _trainer_with_cpu_scaler(
+        demo_data_dir,
+        tmp_path,
+        monkeypatch,
+        overflow_at=set(range(1, 100)),
+        max_update=20,
+        fp16_min_scale=100.0,
+    )
+    with pytest.raises(
+        NmtError,
+        match=r"precision=fp16: the loss scale fell below fp16_min_scale=100 "
+        r"at update 1",
+    ):
         trainer.run()
     assert trainer.num_updates == 0
 
@@ -71,10 +85,21 @@ def test_the_scale_falling_below_the_minimum_stops_the_run(demo_data_dir, tmp_pa
 @needs_cuda
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_cuda_training_runs_and_lowers_the_loss(demo_data_dir, tmp_path, precision):
-    cfg = tiny_config(demo_data_dir, tmp_path / precision, device="cuda", precision=precision,
-                      max_update=30, log_interval=10, no_save=True)
-    run_training(replace(cfg, optim=replace(cfg.optim, lr=3e-3, warmup_updates=0, scheduler="fixed")))
-    events = [json.loads(line) for line in (tmp_path / precision / "train.jsonl").read_text().splitlines()]
+    cfg = tiny_config(
+        demo_data_dir,
+        tmp_path / precision,
+        device="cuda",
+        precision=precision,
+        max_update=30,
+        log_interval=10,
+        no_save=True,
+    )
+    run_training(
+        replace(cfg, optim=replace(cfg.optim, lr=3e-3, warmup_updates=0, scheduler="fixed"))
+    )
+    events = [
+        json.loads(line) for line in (tmp_path / precision / "train.jsonl").read_text().splitlines()
+    ]
     losses = [e["loss"] for e in events if e["type"] == "train"]
     assert losses[-1] < losses[0]
 
@@ -82,7 +107,9 @@ def test_cuda_training_runs_and_lowers_the_loss(demo_data_dir, tmp_path, precisi
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_resume_continues_the_run(demo_data_dir, tmp_path):
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", device="cuda", precision="fp16", max_update=3)
+    cfg = tiny_config(
+        demo_data_dir, tmp_path / "run", device="cuda", precision="fp16", max_update=3
+    )
     run_training(cfg)
     result = run_training(replace(cfg, max_update=6))
     assert result.num_updates == 6

@@ -10,15 +10,17 @@ import json
 
 import pytest
 import torch
+from train_helpers import NO_DROPOUT, tiny_config
 
 from nmt.errors import NmtError
 from nmt.training.trainer import Trainer
-from train_helpers import NO_DROPOUT, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _trainer_running_out_of_memory(demo_data_dir, tmp_path, oom_calls: set[int], **overrides) -> Trainer:
+def _trainer_running_out_of_memory(
+    demo_data_dir, tmp_path, oom_calls: set[int], **overrides
+) -> Trainer:
     """A Trainer whose model's forward raises OutOfMemoryError on the calls numbered in
     `oom_calls` (1-based), after the backward of earlier micro-batches has left gradients."""
     trainer = Trainer(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
@@ -42,8 +44,9 @@ def _events(run_dir, kind):
 
 def test_an_out_of_memory_batch_is_skipped_and_counted(demo_data_dir, tmp_path):
     # update_freq=2: the OOM hits the second micro-batch, after the first one's backward
-    trainer = _trainer_running_out_of_memory(demo_data_dir, tmp_path, oom_calls={4}, max_update=3,
-                                             update_freq=2)
+    trainer = _trainer_running_out_of_memory(
+        demo_data_dir, tmp_path, oom_calls={4}, max_update=3, update_freq=2
+    )
     result = trainer.run()
     assert result.num_updates == 3 and trainer.oom_skips == 1
     assert trainer.position == 8  # 4 updates' worth of batches consumed: one update dropped
@@ -58,8 +61,14 @@ def test_the_skipped_update_leaves_no_partial_gradient(demo_data_dir, tmp_path):
     one's gradient too: the run then equals one whose OOM hit before any backward."""
     params = {}
     for name, oom_call in (("after_backward", 2), ("before_backward", 1)):
-        trainer = _trainer_running_out_of_memory(demo_data_dir, tmp_path / name, oom_calls={oom_call},
-                                                 max_update=2, update_freq=2, model=NO_DROPOUT)
+        trainer = _trainer_running_out_of_memory(
+            demo_data_dir,
+            tmp_path / name,
+            oom_calls={oom_call},
+            max_update=2,
+            update_freq=2,
+            model=NO_DROPOUT,
+        )
         trainer.run()
         assert trainer.num_updates == 2 and trainer.oom_skips == 1
         params[name] = trainer.model.state_dict()
@@ -68,8 +77,9 @@ def test_the_skipped_update_leaves_no_partial_gradient(demo_data_dir, tmp_path):
 
 
 def test_repeated_out_of_memory_stops_with_a_clear_error(demo_data_dir, tmp_path):
-    trainer = _trainer_running_out_of_memory(demo_data_dir, tmp_path, oom_calls={2, 3, 4},
-                                             max_update=5, max_oom_skips=2)
+    trainer = _trainer_running_out_of_memory(
+        demo_data_dir, tmp_path, oom_calls={2, 3, 4}, max_update=5, max_oom_skips=2
+    )
     with pytest.raises(NmtError, match=r"out of memory in 3 updates in a row.*lower max_tokens"):
         trainer.run()
     assert trainer.oom_skips == 3

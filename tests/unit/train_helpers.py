@@ -15,8 +15,15 @@ from nmt.checkpoint import load_checkpoint
 from nmt.model.config import ModelConfig
 from nmt.training.config import OptimConfig, TrainConfig
 
-TINY_MODEL = ModelConfig(embed_dim=16, ffn_dim=32, attention_heads=2, encoder_layers=1, decoder_layers=1,
-                         dropout=0.1, share_decoder_input_output_embed=True)
+TINY_MODEL = ModelConfig(
+    embed_dim=16,
+    ffn_dim=32,
+    attention_heads=2,
+    encoder_layers=1,
+    decoder_layers=1,
+    dropout=0.1,
+    share_decoder_input_output_embed=True,
+)
 NO_DROPOUT = replace(TINY_MODEL, dropout=0.0)  # DDP tests: each rank has its own dropout stream
 
 
@@ -24,9 +31,22 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
     """A TrainConfig that trains the tiny model for a few updates, without slow extras."""
     model = overrides.pop("model", TINY_MODEL)
     optim = overrides.pop("optim", OptimConfig(lr=1e-3, warmup_updates=4, warmup_init_lr=1e-4))
-    base = TrainConfig(data=str(data_dir), save_dir=str(save_dir), train_split="valid", valid_split="",
-                       model=model, optim=optim, max_tokens=500, device="cpu", threads=1,
-                       max_update=6, log_interval=2, progress_bar=False, tensorboard=False, keep_last=-1)
+    base = TrainConfig(
+        data=str(data_dir),
+        save_dir=str(save_dir),
+        train_split="valid",
+        valid_split="",
+        model=model,
+        optim=optim,
+        max_tokens=500,
+        device="cpu",
+        threads=1,
+        max_update=6,
+        log_interval=2,
+        progress_bar=False,
+        tensorboard=False,
+        keep_last=-1,
+    )
     return replace(base, **overrides)
 
 
