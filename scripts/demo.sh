@@ -4,7 +4,7 @@
 # It prints each stage's progress and ends with the test BLEU.
 #
 # usage: scripts/demo.sh [WORKDIR]          (default WORKDIR: runs/demo-pipeline)
-# Environment (defaults are the full demo; tests/e2e/test_demo.py shortens it):
+# Environment (defaults are the full demo; tests/integration/test_demo.py shortens it):
 #   DEMO_EPOCHS=3        training epochs over the 10,000 demo pairs (58 updates each)
 #   DEMO_MAX_UPDATE=0    stop training after this many updates (0 = no limit)
 #   DEMO_BEAM=5          beam size for the test translation

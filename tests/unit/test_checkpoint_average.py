@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import run_training, tiny_config
+from helpers import run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
@@ -73,7 +73,7 @@ def test_asking_for_more_than_exist_is_an_error(run_dir, capsys):
 def test_checkpoints_of_different_models_are_refused(run_dir, demo_data_dir, tmp_path):
     from dataclasses import replace
 
-    from train_helpers import TINY_MODEL
+    from helpers import TINY_MODEL
 
     other = tmp_path / "other"
     run_training(

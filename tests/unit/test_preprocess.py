@@ -218,20 +218,6 @@ def test_default_config_and_overrides() -> None:
     assert cfg.spm.model_type.value == "unigram" and cfg.data.testpref == ["a/x", "b/y"]
 
 
-@pytest.mark.parametrize(
-    "override, key",
-    [
-        ("data.sorce=en", "sorce"),
-        ("workers=two", "workers"),
-        ("on_invalid_utf8=ignore", "on_invalid_utf8"),
-        ("spm.model_type=wordpiece", "model_type"),
-    ],
-)
-def test_config_mistakes_are_one_line_errors(nmt_cli, override: str, key: str) -> None:
-    code, _, err = nmt_cli("preprocess", override)
-    assert code != 0 and len(err.splitlines()) == 1 and key in err
-
-
 def test_ctrl_c_during_tokenizer_training_stops_at_once(
     preprocess_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from train_helpers import assert_bitwise_equal, last_params, run_training, tiny_config
+from helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint
 from nmt.training.trainer import Trainer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import TINY_MODEL, run_training, tiny_config
+from helpers import TINY_MODEL, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError

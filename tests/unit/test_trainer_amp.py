@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from train_helpers import run_training, tiny_config
+from helpers import run_training, tiny_config
 
 from nmt.errors import NmtError
 from nmt.training import trainer as trainer_module

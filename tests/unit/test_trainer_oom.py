@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from train_helpers import NO_DROPOUT, tiny_config
+from helpers import NO_DROPOUT, tiny_config
 
 from nmt.errors import NmtError
 from nmt.training.trainer import Trainer

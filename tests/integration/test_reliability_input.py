@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from train_helpers import run_training, tiny_config
+from helpers import run_training, tiny_config
 
 
 def one_line_error(code: int, err: str, command: str, *needles: str) -> str:

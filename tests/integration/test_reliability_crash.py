@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import assert_bitwise_equal, last_params
 from test_reliability_input import train_args
-from train_helpers import assert_bitwise_equal, last_params
 
 from nmt.checkpoint import load_checkpoint
 

@@ -162,3 +162,17 @@ def test_training_files_without_text(
         (small_corpus / f"train.{lang}").write_text(content, encoding="utf-8")
     code, _, err = nmt_cli("preprocess", *corpus_args)
     _assert_one_line_error(code, err, tmp_path, str(small_corpus / "train"), needle)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("data.sorce=en", "sorce"),
+        ("workers=two", "workers"),
+        ("on_invalid_utf8=ignore", "on_invalid_utf8"),
+        ("spm.model_type=wordpiece", "model_type"),
+    ],
+)
+def test_config_mistakes_are_one_line_errors(nmt_cli, override: str, key: str) -> None:
+    code, _, err = nmt_cli("preprocess", override)
+    assert code != 0 and len(err.splitlines()) == 1 and key in err

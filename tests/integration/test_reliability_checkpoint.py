@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_training, tiny_config
 from test_reliability_input import one_line_error, train_args
-from train_helpers import run_training, tiny_config
 
 from nmt.checkpoint import CHECKSUM_KEY, load_checkpoint, payload_checksum, save_checkpoint
 from nmt.errors import NmtError

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from train_helpers import NO_DROPOUT, last_params, run_training, tiny_config
+from helpers import NO_DROPOUT, last_params, run_training, tiny_config
 
 from nmt.distributed import DistEnv, env_from_environ
 from nmt.training.trainer import Trainer
@@ -23,13 +23,13 @@ from nmt.training.trainer import Trainer
 # Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/helpers.py, for the worker processes
 
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(
-        OMP_NUM_THREADS="1", PYTHONPATH=f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra
+        OMP_NUM_THREADS="1", PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra
     )
     return env
 
@@ -66,7 +66,7 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
     worker.write_text(
         textwrap.dedent(f"""
         from pathlib import Path
-        from train_helpers import NO_DROPOUT, run_training, tiny_config
+        from helpers import NO_DROPOUT, run_training, tiny_config
         run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
     """)
