@@ -52,14 +52,23 @@ def _fail(prog: str, message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def _describe_config_error(exc: Exception) -> str:
-    """Hydra/OmegaConf errors are multi-line and chained; keep the lines that name the key."""
+def _describe_config_error(exc: Exception, command: str = "") -> str:
+    """Hydra/OmegaConf errors are multi-line and chained; keep the lines that name the key.
+
+    A key that was renamed gets a one-line hint to its new name instead.
+    """
+    from nmt.config import RENAMED_KEYS
+
+    renamed = RENAMED_KEYS.get(command, {})
     parts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(parts) < 3:
         lines = [ln.strip() for ln in str(seen).strip().splitlines() if ln.strip()]
         head = lines[0] if lines else type(seen).__name__
         key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+        if key in renamed:
+            new, why = renamed[key]
+            return f"{key}: renamed to {new} ({why}); write {new}=... instead"
         if key and key not in head:
             head = f"{head} (key: {key})"
         if head not in parts and "$VALUE" not in head:
@@ -75,7 +84,12 @@ def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, lis
     show_help = False
     overrides: list[str] = []
     it = iter(argv)
+    pending: str | None = None
     for arg in it:
+        if pending == "--cfg" and arg in ("job", "hydra", "all"):
+            pending = None  # Hydra's `--cfg job|hydra|all`: nmt prints the job's config
+            continue
+        pending = arg
         if arg in ("-h", "--help"):
             show_help = True
         elif arg == "--cfg":
@@ -126,18 +140,22 @@ def compose_config(
     except NmtError:
         raise
     except Exception as exc:  # Hydra and OmegaConf raise many types; all are user mistakes here
-        raise NmtError(_describe_config_error(exc)) from exc
+        raise NmtError(_describe_config_error(exc, name)) from exc
     finally:
         GlobalHydra.instance().clear()
     return cfg
 
 
-def to_dataclass(cfg: DictConfig):
-    """The validated config as its plain dataclass (what commands receive)."""
+def to_dataclass(cfg: DictConfig, command: str = ""):
+    """The composed config as its plain dataclass, checked by its own `validate()`."""
     try:
-        return OmegaConf.to_object(cfg)
+        obj = OmegaConf.to_object(cfg)
     except Exception as exc:
-        raise NmtError(_describe_config_error(exc)) from exc
+        raise NmtError(_describe_config_error(exc, command)) from exc
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
 
 
 def main(name: str, argv: list[str] | None = None) -> None:
@@ -152,12 +170,15 @@ def main(name: str, argv: list[str] | None = None) -> None:
             print(USAGE.format(name=name, config_dir=config_dir()))
             return
         cfg = compose_config(name, overrides, user_dir, config_name)
+        checked = to_dataclass(cfg, name)  # an invalid config fails here, --cfg or not
         if print_cfg:
             print(OmegaConf.to_yaml(cfg), end="")
             return
         from nmt.config import COMMANDS
 
-        COMMANDS[name]().run(to_dataclass(cfg))
+        code = COMMANDS[name]().run(checked)
+        if code:
+            sys.exit(code)
     except NmtError as exc:
         if debug:
             raise

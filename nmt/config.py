@@ -21,7 +21,7 @@ class CommandSpec:
 
     name: str  # "preprocess": the YAML file is configs/preprocess.yaml
     schema: type  # the dataclass the composed config must fit
-    run: Callable[[Any], None]  # commands/<name>.run(cfg)
+    run: Callable[[Any], int | None]  # commands/<name>.run(cfg) -> exit code (None = 0)
 
 
 def _preprocess() -> CommandSpec:
@@ -65,6 +65,18 @@ def _train() -> CommandSpec:
 
     return CommandSpec("train", TrainConfig, train.run)
 
+
+# Keys that were renamed, per command: old -> (new, why). Using an old key is a one-line
+# error that names the new one (nmt.cli).
+RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
+    "preprocess": {
+        "clean.max_tokens": (
+            "clean.max_pieces",
+            "cleaning counts SentencePiece pieces per side; nmt-train's max_tokens is the "
+            "batch budget",
+        ),
+    },
+}
 
 COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "preprocess": _preprocess,

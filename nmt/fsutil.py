@@ -1,8 +1,34 @@
-"""Small file-system helpers for writes that must survive a crash."""
+"""The one way nmt writes files and directories (docs/ARCHITECTURE.md, "Durability").
+
+The rule: a file or directory appears under its final name only when it is complete and
+on disk. It is written under a temporary name in the same directory
+(`.<name>.<random>.tmp`), flushed and fsynced, renamed over the final name, and the
+directory holding it is fsynced. A crash or kill at any moment leaves the old version or
+the new one, never a mix of both; the temporary a killed writer leaves behind carries the
+`.tmp` suffix and is removed by the next run of the command that wrote it
+(`remove_stale_temps`). New files get the permissions the umask allows (0666 & ~umask,
+0777 & ~umask for directories), as `open()` would give them.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+TMP_SUFFIX = ".tmp"
+
+
+def umask() -> int:
+    """The process's umask (reading it means setting it; set it straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -12,3 +38,109 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _temp_name(path: Path) -> str:
+    return f".{path.name}."
+
+
+@contextmanager
+def atomic_write(
+    path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8"
+) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of `path` for writing; on a clean exit it becomes `path`.
+
+    `mode` is "w" (text, `encoding`) or "wb". On an exception the temporary is removed and
+    `path` is untouched. The parent directory must exist.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write: mode {mode!r}; use 'w' or 'wb'")
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_name(target), suffix=TMP_SUFFIX, dir=target.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes it private; the umask decides
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (deepest first), and `root` itself."""
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Build a directory in a temporary sibling of `path`; on a clean exit it replaces `path`.
+
+    Yields the temporary directory to fill. On success its contents are fsynced, any old
+    `path` is moved aside, the new one renamed into place, the parent fsynced, and only
+    then the old one deleted: at every moment `path` is either the old directory or the
+    complete new one. On an exception the temporary directory is removed. Whether an
+    existing `path` may be replaced is the caller's decision, made before.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_name(target), suffix=TMP_SUFFIX, dir=target.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it private; the umask decides
+        yield tmp
+        fsync_tree(tmp)
+        old = None
+        if target.exists():
+            old = target.parent / f".{target.name}.old-{os.getpid()}{TMP_SUFFIX}"
+            os.rename(target, old)
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Temporaries that an interrupted write of `path` (file or directory) left beside it."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        return []
+    pattern = f"{glob.escape(_temp_name(target))}*{TMP_SUFFIX}"
+    return sorted(target.parent.glob(pattern))
+
+
+def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Delete what `stale_temps(path)` finds; returns the paths removed.
+
+    Call it only where no other process can be writing `path` at the same time (the
+    caller holds the lock of the directory, or is the one writer by construction).
+    """
+    removed = stale_temps(path)
+    for stale in removed:
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+    return removed

@@ -1,0 +1,140 @@
+"""Where and how tensors are computed: device, precision and autocast, threads, TF32, seeds.
+
+Training and generation both go through here, so `device=` and `precision=` mean the same
+in every command:
+    device     auto (the GPU of this rank when CUDA is there, else cpu) | cpu | cuda | cuda:N
+    precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast, CUDA only)
+Under torchrun each rank takes the GPU of its LOCAL_RANK: `device=cuda` and `device=auto`
+mean cuda:LOCAL_RANK, and a fixed `cuda:N` is refused (every rank would share one GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nmt.errors import NmtError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(
+    name: str, *, local_rank: int = 0, distributed: bool = False, key: str = "device"
+) -> torch.device:
+    """The torch device that `device=name` means for this process.
+
+    `key` is the config key named in errors. With `distributed` (under torchrun), the GPU
+    is chosen by `local_rank`.
+    """
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise NmtError(f"{key}={name}: not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise NmtError(f"{key}={name}: nmt runs on cpu or cuda; use one of them (or auto)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NmtError(f"{key}={name}: no CUDA device is available; use {key}=cpu")
+        if distributed and device.index is not None and device.index != local_rank:
+            raise NmtError(
+                f"{key}={name}: under torchrun each rank uses the GPU of its "
+                f"LOCAL_RANK ({local_rank} here); use {key}=cuda, and "
+                "CUDA_VISIBLE_DEVICES to choose the GPUs"
+            )
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+        if device.index >= torch.cuda.device_count():
+            raise NmtError(
+                f"{key}={name}: only {torch.cuda.device_count()} CUDA devices are "
+                f"visible; use cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
+    return device
+
+
+def check_precision(precision: str, device: torch.device, key: str = "precision") -> None:
+    """NmtError unless `precision` is known and runs on `device`."""
+    if precision not in PRECISIONS:
+        raise NmtError(f"{key}={precision}: unknown; use one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise NmtError(f"{key}=fp16: needs a CUDA device; use {key}=bf16 or fp32 on the CPU")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The autocast context of `precision` on `device` (a no-op for fp32)."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def set_threads(threads: int) -> None:
+    """torch's intra-op CPU threads; 0 leaves torch's default."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def enable_tf32(device: torch.device) -> None:
+    """fp32 matmuls and convolutions on TF32 tensor cores (CUDA only), as fairseq does:
+    ~8x the fp32 rate on Ampere and newer, with 10-bit mantissas inside the products."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's (CPU and every CUDA device's) generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A resolved device and precision, with the autocast context they imply."""
+
+    device: torch.device
+    precision: str = "fp32"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return autocast(self.device, self.precision)
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        """The autocast dtype, or None for fp32."""
+        return AUTOCAST_DTYPES.get(self.precision)
+
+
+def setup(
+    device: str = "auto",
+    precision: str = "fp32",
+    *,
+    threads: int = 0,
+    local_rank: int = 0,
+    distributed: bool = False,
+    tf32: bool = True,
+    device_key: str = "device",
+    precision_key: str = "precision",
+) -> Runtime:
+    """Resolve and check device and precision, then set threads and TF32 for the process.
+
+    The `*_key` arguments name the config keys in errors.
+    """
+    resolved = resolve_device(
+        device, local_rank=local_rank, distributed=distributed, key=device_key
+    )
+    check_precision(precision, resolved, key=precision_key)
+    set_threads(threads)
+    if tf32:
+        enable_tf32(resolved)
+    if resolved.type == "cuda":
+        torch.cuda.set_device(resolved)
+    return Runtime(resolved, precision)

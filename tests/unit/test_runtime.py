@@ -1,0 +1,94 @@
+"""nmt.runtime: device and precision mean the same in every command.
+
+CUDA is simulated where the choice of device is what is tested (torch.cuda.is_available and
+device_count patched): this machine has no GPU, and the logic under test is plain Python.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nmt import runtime
+from nmt.errors import NmtError
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_auto_is_the_cpu_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime.resolve_device("auto") == torch.device("cpu")
+    assert runtime.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_cuda_without_a_gpu_names_the_key(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NmtError, match="device=cuda: no CUDA device is available; use device=cpu"):
+        runtime.resolve_device("cuda")
+
+
+@pytest.mark.parametrize("name", ["tpu", "gpu0", "mps"])
+def test_other_devices_are_refused(name):
+    with pytest.raises(NmtError, match=f"device={name}: "):
+        runtime.resolve_device(name)
+
+
+def test_each_torchrun_rank_takes_the_gpu_of_its_local_rank(two_gpus):
+    for local_rank in (0, 1):
+        for name in ("auto", "cuda"):
+            device = runtime.resolve_device(name, local_rank=local_rank, distributed=True)
+            assert device == torch.device("cuda", local_rank)
+    assert runtime.resolve_device("cuda:1", local_rank=1, distributed=True) == torch.device(
+        "cuda", 1
+    )
+    with pytest.raises(NmtError, match="under torchrun each rank uses the GPU of its LOCAL_RANK"):
+        runtime.resolve_device("cuda:0", local_rank=1, distributed=True)
+
+
+def test_a_single_process_may_pick_any_visible_gpu(two_gpus):
+    assert runtime.resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(NmtError, match="only 2 CUDA devices are visible"):
+        runtime.resolve_device("cuda:2")
+
+
+def test_precision_checks_name_the_key():
+    cpu = torch.device("cpu")
+    runtime.check_precision("bf16", cpu)
+    with pytest.raises(NmtError, match="precision=fp16: needs a CUDA device"):
+        runtime.check_precision("fp16", cpu)
+    with pytest.raises(NmtError, match="precision=fp8: unknown; use one of fp32, bf16, fp16"):
+        runtime.check_precision("fp8", cpu)
+
+
+def test_autocast_follows_the_precision():
+    rt = runtime.Runtime(torch.device("cpu"), "bf16")
+    x = torch.randn(4, 4)
+    with rt.autocast():
+        assert (x @ x).dtype == torch.bfloat16
+    with runtime.Runtime(torch.device("cpu"), "fp32").autocast():
+        assert (x @ x).dtype == torch.float32
+    assert rt.amp_dtype == torch.bfloat16
+
+
+def test_setup_sets_threads_and_returns_the_runtime():
+    before = torch.get_num_threads()
+    try:
+        rt = runtime.setup("cpu", "fp32", threads=1)
+        assert rt == runtime.Runtime(torch.device("cpu"), "fp32") and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_seed_everything_makes_every_generator_repeat():
+    import random
+
+    import numpy as np
+
+    runtime.seed_everything(7)
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    runtime.seed_everything(7)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
