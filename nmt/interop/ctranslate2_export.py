@@ -211,12 +211,13 @@ def export_ctranslate2(
         raise NmtError(f"{checkpoint}: CTranslate2 rejected the model: {exc}") from exc
 
     data = bundle.data
+    spm_files = _tokenizer_files(bundle, data)
     info = {
         "exported_from": str(checkpoint),
         "quantization": quantization,
         "src_lang": data.get("src_lang"),
         "tgt_lang": data.get("tgt_lang"),
-        "spm": _tokenizer_files(bundle, data),
+        "spm": spm_files,
         "special_ids": data.get("special_ids"),
         "normalization": data.get("normalization"),
         "model_config": {
@@ -236,8 +237,8 @@ def export_ctranslate2(
         with atomic_directory(output_dir) as tmp:
             spec.save(str(tmp))
             models = {
-                info["spm"]["src"]: bundle.src_tokenizer.model_bytes,
-                info["spm"]["tgt"]: bundle.tgt_tokenizer.model_bytes,  # the same file when joint
+                spm_files["src"]: bundle.src_tokenizer.model_bytes,
+                spm_files["tgt"]: bundle.tgt_tokenizer.model_bytes,  # the same file when joint
             }
             for name, model_bytes in models.items():
                 atomic_write_bytes(tmp / name, model_bytes)
