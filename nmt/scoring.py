@@ -4,15 +4,19 @@ nmt-generate (references) and validation during training.
 Everything numeric is sacrebleu's own code: files are read the way the `sacrebleu` CLI
 reads them (UTF-8, trailing whitespace stripped), so a corpus score here equals the CLI's
 on the same files. This module adds the checks that turn user mistakes into one-line
-errors, and the configuration dataclass of nmt-score.
+errors, the configuration dataclass of nmt-score, and its library call:
+
+    report = score(ScoreConfig(hyp="out.de", refs=["ref.de"], metrics=["bleu", "chrf"]))
+    print(report.to_text())            # or report.to_json(), or write_report(report, path)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,8 +24,12 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric, Score
 
 from nmt.errors import NmtError
+from nmt.fsutil import atomic_write_text
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
+FORMATS = ("text", "json")
+PAIRED_TESTS = {"bs": "paired bootstrap resampling", "ar": "approximate randomization"}
+STDIO = "-"
 
 
 @dataclass
@@ -35,6 +43,27 @@ class BleuOptions:
     smooth_value: Optional[float] = None  # for floor (0.1) and add-k (1); None = default
     max_ngram_order: int = 4  # highest n-gram order
 
+    def validate(self) -> None:
+        if self.tokenize is not None and self.tokenize not in BLEU.TOKENIZERS:
+            raise NmtError(
+                f"bleu.tokenize={self.tokenize}: unknown tokenizer; choose from "
+                f"{', '.join(sorted(BLEU.TOKENIZERS))} (null: 13a)"
+            )
+        if self.smooth_method not in BLEU.SMOOTH_DEFAULTS:
+            raise NmtError(
+                f"bleu.smooth_method={self.smooth_method}: unknown; choose from "
+                f"{', '.join(BLEU.SMOOTH_DEFAULTS)}"
+            )
+        if self.smooth_value is not None and self.smooth_value < 0:
+            raise NmtError(
+                f"bleu.smooth_value={self.smooth_value}: must not be negative; use null for "
+                "sacrebleu's default"
+            )
+        if self.max_ngram_order < 1:
+            raise NmtError(
+                f"bleu.max_ngram_order={self.max_ngram_order}: must be 1 or more; BLEU uses 4"
+            )
+
 
 @dataclass
 class ChrfOptions:
@@ -46,6 +75,15 @@ class ChrfOptions:
     lowercase: bool = False  # compare lowercased text
     whitespace: bool = False  # keep whitespace in character n-grams
     eps_smoothing: bool = False  # epsilon smoothing (chrF++.py, NLTK, Moses behaviour)
+
+    def validate(self) -> None:
+        for key, value, least, usual in (
+            ("char_order", self.char_order, 1, "6"),
+            ("word_order", self.word_order, 0, "0, or 2 for chrF++"),
+            ("beta", self.beta, 1, "2"),
+        ):
+            if value < least:
+                raise NmtError(f"chrf.{key}={value}: must be {least} or more; chrF uses {usual}")
 
 
 @dataclass
@@ -78,7 +116,49 @@ class ScoreConfig:
     paired_n: int = 0  # resamples (bs) or trials (ar); 0 = sacrebleu's default (1000 / 10000)
     format: str = "text"  # text or json
     width: int = 1  # decimals printed, as sacrebleu's --width
+    output: str = "-"  # where the report goes: a file (written atomically), or "-" = stdout
     debug: bool = False  # tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first option that cannot work (files are read later)."""
+        if not self.hyp:
+            raise NmtError(
+                f"hyp={'null' if self.hyp is None else repr(self.hyp)}: required; give the "
+                "hypothesis file (hyp=FILE, or hyp=- to read stdin)"
+            )
+        refs = as_path_list(self.refs, "refs")
+        check_metric_names(self.metrics)
+        self.bleu.validate()
+        self.chrf.validate()
+        if self.format not in FORMATS:
+            raise NmtError(f"format={self.format}: unknown; use {' or '.join(FORMATS)}")
+        if self.confidence and self.confidence_n < 2:
+            raise NmtError(
+                f"confidence_n={self.confidence_n}: must be 2 or more; sacrebleu uses 1000"
+            )
+        if self.paired_test not in PAIRED_TESTS:
+            raise NmtError(
+                f"paired_test={self.paired_test}: unknown; use bs (paired bootstrap "
+                "resampling) or ar (approximate randomization)"
+            )
+        if self.paired_n < 0:
+            raise NmtError(
+                f"paired_n={self.paired_n}: must not be negative; use 0 for sacrebleu's "
+                "default (1000 resamples, 10000 trials)"
+            )
+        if self.width < 0:
+            raise NmtError(f"width={self.width}: must not be negative; sacrebleu prints 1")
+        if not self.output:
+            raise NmtError(f"output={self.output!r}: empty; give a file name, or - for stdout")
+        inputs = [("hyp", self.hyp), *(("refs", r) for r in refs)]
+        if self.baseline:
+            inputs.append(("baseline", self.baseline))
+        from_stdin = [key for key, path in inputs if path == STDIO]
+        if len(from_stdin) > 1:
+            raise NmtError(
+                f"{from_stdin[1]}=-: stdin is already read as {from_stdin[0]}=-; give "
+                "the other files by name"
+            )
 
 
 @dataclass
@@ -94,35 +174,40 @@ class MetricResult:
     ci: Optional[float] = None  # half-width of the bootstrap 95% interval
 
 
-def read_lines(path: str | os.PathLike, what: str) -> list[str]:
-    """The lines of a UTF-8 text file ("-": stdin), as the sacrebleu CLI reads them (rstripped)."""
-    if str(path) == "-":
+def read_lines(path: str | os.PathLike, key: str) -> list[str]:
+    """The lines of a UTF-8 text file ("-": stdin), as the sacrebleu CLI reads them (rstripped).
+
+    `key` is the option that named the file (hyp, refs, baseline), for error messages.
+    """
+    if str(path) == STDIO:
         lines = [line.rstrip() for line in sys.stdin]
         return [lines[0].lstrip("\ufeff"), *lines[1:]] if lines else lines
     p = Path(path)
     if not p.is_file():
-        raise NmtError(f"{what} {p}: no such file")
+        why = "is a directory" if p.is_dir() else "no such file"
+        raise NmtError(f"{p}: {why}; give a text file as {key}=")
     try:
         # utf-8-sig drops a leading byte-order mark (editors on Windows write one); sacrebleu
         # would count it as part of the first word
         with open(p, encoding="utf-8-sig", newline="\n") as f:
             return [line.rstrip() for line in f]
     except UnicodeDecodeError as exc:
-        raise NmtError(
-            f"{what} {p}: not UTF-8 text (byte {exc.start}); convert it to UTF-8"
-        ) from exc
+        raise NmtError(f"{p}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from exc
     except OSError as exc:
-        raise NmtError(f"{what} {p}: cannot read ({exc.strerror or exc})") from exc
+        raise NmtError(
+            f"{p}: cannot read ({exc.strerror or exc}); check the file's permissions"
+        ) from exc
 
 
 def as_path_list(value: Any, key: str) -> list[str]:
     """A config value that is one path or a list of paths, as a non-empty list."""
     if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
-        raise NmtError(f"{key}: no file given; pass {key}=FILE or {key}=[FILE1,FILE2]")
+        shown = "null" if value is None else repr(value)
+        raise NmtError(f"{key}={shown}: no file given; pass {key}=FILE or {key}=[FILE1,FILE2]")
     paths = [value] if isinstance(value, (str, os.PathLike)) else list(value)
     for p in paths:
-        if not isinstance(p, (str, os.PathLike)):
-            raise NmtError(f"{key}: {p!r} is not a file name")
+        if not isinstance(p, (str, os.PathLike)) or not str(p):
+            raise NmtError(f"{key}={p!r}: not a file name; pass {key}=FILE or {key}=[FILE1,FILE2]")
     return [str(p) for p in paths]
 
 
@@ -130,21 +215,34 @@ def read_references(paths: Sequence[str], n_hyps: int, hyp_name: str) -> list[li
     """Reference streams (one list per file), each checked to have `n_hyps` lines."""
     streams = []
     for path in paths:
-        lines = read_lines(path, "reference")
+        lines = read_lines(path, "refs")
         if len(lines) != n_hyps:
             raise NmtError(
-                f"reference {path}: {len(lines)} lines, but hypothesis {hyp_name} has "
-                f"{n_hyps}; they must be line-aligned"
+                f"{path}: {len(lines)} lines, but the hypothesis file {hyp_name} has "
+                f"{n_hyps}; give line-aligned references"
             )
         streams.append(lines)
     return streams
 
 
-def read_hypotheses(path: str, what: str = "hypothesis") -> list[str]:
-    lines = read_lines(path, what)
+def read_hypotheses(path: str, key: str = "hyp") -> list[str]:
+    lines = read_lines(path, key)
     if not lines:
-        raise NmtError(f"{what} {path}: the file is empty; nothing to score")
+        raise NmtError(f"{path}: the file is empty, nothing to score; check {key}=")
     return lines
+
+
+def check_metric_names(names: Sequence[str]) -> None:
+    if isinstance(names, str):
+        raise NmtError(f"metrics={names}: a list is needed; write metrics=[{names}]")
+    shown = f"[{', '.join(map(str, names))}]"
+    if not names:
+        raise NmtError(f"metrics={shown}: empty; choose from {', '.join(METRIC_NAMES)}")
+    for name in names:
+        if str(name).lower() not in METRIC_NAMES:
+            raise NmtError(
+                f"metrics={shown}: unknown metric {name!r}; choose from {', '.join(METRIC_NAMES)}"
+            )
 
 
 def build_metrics(
@@ -156,26 +254,12 @@ def build_metrics(
 ) -> dict[str, Metric]:
     """sacrebleu metric objects by lowercase name, options checked with one-line errors."""
     bleu, chrf, ter = bleu or BleuOptions(), chrf or ChrfOptions(), ter or TerOptions()
-    if not names:
-        raise NmtError(f"metrics: empty; choose from {list(METRIC_NAMES)}")
+    check_metric_names(names)
     metrics: dict[str, Metric] = {}
     for name in names:
         key = str(name).lower()
-        if key not in METRIC_NAMES:
-            raise NmtError(f"metrics: unknown metric {name!r}; choose from {list(METRIC_NAMES)}")
         if key == "bleu":
-            if bleu.tokenize is not None and bleu.tokenize not in BLEU.TOKENIZERS:
-                raise NmtError(
-                    f"bleu.tokenize: unknown tokenizer {bleu.tokenize!r}; choose from "
-                    f"{sorted(BLEU.TOKENIZERS)}"
-                )
-            if bleu.smooth_method not in BLEU.SMOOTH_DEFAULTS:
-                raise NmtError(
-                    f"bleu.smooth_method: {bleu.smooth_method!r}; choose from "
-                    f"{list(BLEU.SMOOTH_DEFAULTS)}"
-                )
-            if bleu.max_ngram_order < 1:
-                raise NmtError("bleu.max_ngram_order: must be at least 1")
+            bleu.validate()
             # Sentence BLEU needs effective order, as the sacrebleu CLI sets it.
             metrics[key] = BLEU(
                 lowercase=bleu.lowercase,
@@ -187,8 +271,7 @@ def build_metrics(
                 effective_order=sentence_level,
             )
         elif key == "chrf":
-            if chrf.char_order < 1 or chrf.word_order < 0 or chrf.beta < 1:
-                raise NmtError("chrf: char_order and beta must be >= 1 and word_order >= 0")
+            chrf.validate()
             metrics[key] = CHRF(
                 char_order=chrf.char_order,
                 word_order=chrf.word_order,
@@ -207,17 +290,17 @@ def build_metrics(
     return metrics
 
 
-def _result(score: Score, metric: Metric, width: int) -> MetricResult:
+def _result(result: Score, metric: Metric, width: int) -> MetricResult:
     signature = metric.get_signature().format()
-    has_ci = score._mean > 0  # sacrebleu marks "no bootstrap" with -1
+    has_ci = result._mean > 0  # sacrebleu marks "no bootstrap" with -1
     return MetricResult(
-        name=score.name,
-        score=float(score.score),
+        name=result.name,
+        score=float(result.score),
         signature=signature,
-        line=score.format(width=width, signature=signature),
-        details=score._verbose or "",
-        mean=float(score._mean) if has_ci else None,
-        ci=float(score._ci) if has_ci else None,
+        line=result.format(width=width, signature=signature),
+        details=result._verbose or "",
+        mean=float(result._mean) if has_ci else None,
+        ci=float(result._ci) if has_ci else None,
     )
 
 
@@ -285,12 +368,13 @@ def paired_test(
     """
     from sacrebleu.significance import PairedTest
 
-    if test_type not in ("bs", "ar"):
+    if test_type not in PAIRED_TESTS:
         raise NmtError(
-            f"paired_test: {test_type!r}; use bs (bootstrap) or ar (approximate randomization)"
+            f"paired_test={test_type}: unknown; use bs (paired bootstrap resampling) or ar "
+            "(approximate randomization)"
         )
     if n_samples < 0:
-        raise NmtError("paired_n: must be >= 0 (0 = sacrebleu's default)")
+        raise NmtError(f"paired_n={n_samples}: must not be negative; use 0 for sacrebleu's default")
     test = PairedTest(
         [(baseline[0], list(baseline[1])), (system[0], list(system[1]))],
         metrics,
@@ -317,3 +401,164 @@ def paired_test(
             )
         )
     return results
+
+
+# ------------------------------------------------------------------------ nmt-score's call
+
+
+@dataclass
+class PairedReport:
+    """A paired significance test of hyp against a baseline, for every metric."""
+
+    type: str  # "bs" or "ar"
+    baseline: str  # the baseline's file
+    results: list[PairedResult]
+
+
+@dataclass
+class ScoreReport:
+    """Everything nmt-score reports, renderable as sacrebleu-style text or as JSON."""
+
+    hyp: str
+    refs: list[str]
+    lines: int  # hypotheses scored
+    scores: list[MetricResult]  # corpus scores, in the order of `metrics`
+    sentences: Optional[list[dict[str, Any]]] = None  # {line, <metric>: score}, sentence_level
+    paired: Optional[PairedReport] = None  # with a baseline
+    width: int = 1  # decimals in the text rendering
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "hyp": self.hyp,
+            "refs": self.refs,
+            "lines": self.lines,
+            "scores": [asdict(r) for r in self.scores],
+        }
+        if self.sentences is not None:
+            out["sentences"] = self.sentences
+        if self.paired is not None:
+            out["paired_test"] = asdict(self.paired)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False)
+
+    def to_text(self) -> str:
+        """sacrebleu's lines (signature = score ...), after the sentence table if any."""
+        w = self.width
+        out = []
+        if self.sentences is not None:
+            names = [r.name for r in self.scores]
+            out.append("line\t" + "\t".join(names))
+            out += [
+                f"{row['line']}\t" + "\t".join(f"{row[n]:.{w}f}" for n in names)
+                for row in self.sentences
+            ]
+        out += [r.line for r in self.scores]
+        if self.paired is not None:
+            out += self._paired_lines()
+        return "\n".join(out)
+
+    def _paired_lines(self) -> list[str]:
+        assert self.paired is not None
+        w = self.width
+
+        def ci(mean: float | None, half: float | None) -> str:
+            return "" if mean is None or half is None else f" (μ = {mean:.{w}f} ± {half:.{w}f})"
+
+        lines = []
+        for r in self.paired.results:
+            verdict = "significant" if r.p_value < 0.05 else "not significant"
+            lines += [
+                f"{PAIRED_TESTS[self.paired.type]}: {r.metric}|{r.signature}",
+                f"  baseline {self.paired.baseline}: {r.metric} = {r.baseline_score:.{w}f}"
+                f"{ci(r.baseline_mean, r.baseline_ci)}",
+                f"  system   {self.hyp}: {r.metric} = {r.system_score:.{w}f}"
+                f"{ci(r.system_mean, r.system_ci)} p = {r.p_value:.4f} ({verdict} at p < 0.05)",
+            ]
+        return lines
+
+    def render(self, fmt: str) -> str:
+        if fmt not in FORMATS:
+            raise NmtError(f"format={fmt}: unknown; use {' or '.join(FORMATS)}")
+        return self.to_json() if fmt == "json" else self.to_text()
+
+
+def score(cfg: ScoreConfig) -> ScoreReport:
+    """Score `cfg.hyp` against `cfg.refs` as nmt-score does (the report is not written:
+    see `write_report`). A file `cfg.output` is checked first, so that a mistake there does
+    not come after a long bootstrap."""
+    cfg.validate()
+    hyp = str(cfg.hyp)  # validate() made sure it is given
+    ref_paths = as_path_list(cfg.refs, "refs")
+    check_output(cfg.output, [hyp, *ref_paths, *([cfg.baseline] if cfg.baseline else [])])
+    hyps = read_hypotheses(hyp)
+    refs = read_references(ref_paths, len(hyps), hyp)
+    metrics = build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter)
+    n_bootstrap = cfg.confidence_n if cfg.confidence else 1
+    results = corpus_scores(hyps, refs, metrics, n_bootstrap=n_bootstrap, width=cfg.width)
+
+    sentences = None
+    if cfg.sentence_level:
+        # Sentence BLEU uses effective order (as sacrebleu's CLI); the corpus score above does not.
+        per_metric = build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter, sentence_level=True)
+        columns = {
+            r.name: sentence_scores(hyps, refs, m) for r, m in zip(results, per_metric.values())
+        }
+        sentences = [
+            {"line": i + 1, **{k: v[i] for k, v in columns.items()}} for i in range(len(hyps))
+        ]
+
+    paired = None
+    if cfg.baseline:
+        base_hyps = read_hypotheses(cfg.baseline, "baseline")
+        if len(base_hyps) != len(hyps):
+            raise NmtError(
+                f"{cfg.baseline}: {len(base_hyps)} lines, but the hypothesis file {hyp} "
+                f"has {len(hyps)}; give a baseline that translates the same input"
+            )
+        results_paired = paired_test(
+            (cfg.baseline, base_hyps),
+            (hyp, hyps),
+            refs,
+            build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter),
+            test_type=cfg.paired_test,
+            n_samples=cfg.paired_n,
+        )
+        paired = PairedReport(cfg.paired_test, cfg.baseline, results_paired)
+    return ScoreReport(
+        hyp=hyp,
+        refs=ref_paths,
+        lines=len(hyps),
+        scores=results,
+        sentences=sentences,
+        paired=paired,
+        width=cfg.width,
+    )
+
+
+def check_output(output: str, inputs: Sequence[str]) -> None:
+    """NmtError unless a report can be written to `output` ("-": stdout) without harm."""
+    if output == STDIO:
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise NmtError(f"output={output}: is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise NmtError(
+            f"output={output}: the folder {path.parent} does not exist; create it or choose "
+            "another output"
+        )
+    for name in inputs:
+        if name != STDIO and path.exists() and Path(name).exists() and path.samefile(name):
+            raise NmtError(f"output={output}: is an input of this run; choose another file")
+
+
+def write_report(report: ScoreReport, output: str = STDIO, fmt: str = "text") -> None:
+    """The report as `fmt` (text or json) to stdout ("-") or to a file, written atomically."""
+    text = report.render(fmt) + "\n"
+    if output == STDIO:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        atomic_write_text(output, text)

@@ -50,19 +50,17 @@ def work_preprocess(p: dict[str, Any]) -> dict[str, Any]:
     """One timed nmt-preprocess run reusing the suite's SentencePiece model."""
     import bench_preprocess
 
-    from nmt.commands.preprocess import run
+    from nmt.data import build_data_dir
     from nmt.data.config import SpmConfig
-    from nmt.data.meta import load_meta
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = bench_preprocess.config(
             Path(p["raw"]), Path(tmp) / "out", p["workers"], SpmConfig(model=p["spm_model"])
         )
         start = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            run(cfg)
+        report = build_data_dir(cfg)
         seconds = time.perf_counter() - start
-        pairs = sum(s.lines for s in load_meta(Path(tmp) / "out").splits.values())
+        pairs = report.pairs
     return {"pairs": pairs, "seconds": seconds, "pairs_s": pairs / seconds}
 
 

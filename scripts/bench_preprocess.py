@@ -14,8 +14,6 @@ usage: .venv/bin/python scripts/bench_preprocess.py [--data ../shared/data/multi
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import platform
 import statistics
@@ -23,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nmt.commands.preprocess import run
+from nmt.data import build_data_dir
 from nmt.data.config import DataConfig, ModelType, PreprocessConfig, SpmConfig
 from nmt.data.meta import load_meta
 
@@ -69,22 +67,22 @@ def main() -> None:
         base = Path(tmp)
         model_type = ModelType(args.model_type)
         started = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            run(
-                config(
-                    args.data,
-                    base / "trained",
-                    args.workers,
-                    SpmConfig(model_type=model_type, vocab_size=args.vocab_size),
-                )
+        build_data_dir(
+            config(
+                args.data,
+                base / "trained",
+                args.workers,
+                SpmConfig(model_type=model_type, vocab_size=args.vocab_size),
             )
+        )
         train_s = time.perf_counter() - started
         model = base / "trained" / "spm.model"
         times, cpu_times = [], []
         for _ in range(args.repeats):
             started, cpu_started = time.perf_counter(), _cpu_seconds()
-            with contextlib.redirect_stdout(io.StringIO()):
-                run(config(args.data, base / "timed", args.workers, SpmConfig(model=str(model))))
+            build_data_dir(
+                config(args.data, base / "timed", args.workers, SpmConfig(model=str(model)))
+            )
             times.append(time.perf_counter() - started)
             cpu_times.append(_cpu_seconds() - cpu_started)
         meta = load_meta(base / "timed")

@@ -1,10 +1,12 @@
 """Shared fixtures.
 
-`demo_data_dir` (session): the demo corpus (data/demo) preprocessed with the default config,
-exactly as `nmt-preprocess` with no overrides would, into a temporary directory. Training,
-generation and end-to-end tests build on it instead of preprocessing again.
+`demo_data_dir` (session): the demo corpus (data/demo) preprocessed with the default config
+(PreprocessConfig's defaults, which are configs/preprocess.yaml's: see
+tests/integration/test_preprocess_cli.py) into a temporary directory, by
+`nmt.data.build_data_dir`. Training, generation and end-to-end tests build on it instead of
+preprocessing again.
 `small_corpus` / `preprocess_config`: a few hundred demo lines and a fast config for tests
-that run nmt-preprocess themselves.
+that preprocess themselves.
 """
 
 from __future__ import annotations
@@ -18,11 +20,24 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO / "data" / "demo"
 
 
-def compose_preprocess(overrides: list[str]):
-    """The PreprocessConfig dataclass that `nmt-preprocess <overrides>` would run with."""
-    from nmt.cli import compose_config, to_dataclass
+def preprocess_config_with(overrides: list[str]):
+    """A PreprocessConfig: the defaults with `key=value` overrides in Hydra's syntax
+    (`clean.max_ratio=null`, `data.testpref=[a,b]`), checked against the dataclass by
+    OmegaConf, as the CLI checks them (no Hydra, no CLI layer involved)."""
+    from omegaconf import OmegaConf
 
-    return to_dataclass(compose_config("preprocess", overrides))
+    from nmt.data.config import PreprocessConfig
+
+    merged = OmegaConf.merge(
+        OmegaConf.structured(PreprocessConfig), OmegaConf.from_dotlist(overrides)
+    )
+    return OmegaConf.to_object(merged)
+
+
+@pytest.fixture(scope="session")
+def overridden_preprocess_config() -> Callable[[list[str]], object]:
+    """`preprocess_config_with`, for tests that compare it with the CLI's composition."""
+    return preprocess_config_with
 
 
 @pytest.fixture(scope="session")
@@ -33,11 +48,11 @@ def demo_corpus() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir of the demo corpus built with configs/preprocess.yaml's defaults."""
-    from nmt.commands.preprocess import run
+    """A data dir of the demo corpus built with the default preprocessing config."""
+    from nmt.data import build_data_dir
 
     dest = tmp_path_factory.mktemp("demo-data") / "demo"
-    cfg = compose_preprocess(
+    cfg = preprocess_config_with(
         [
             f"data.trainpref={DEMO_CORPUS / 'train'}",
             f"data.validpref={DEMO_CORPUS / 'valid'}",
@@ -46,7 +61,7 @@ def demo_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "workers=1",
         ]
     )
-    run(cfg)
+    build_data_dir(cfg)
     return dest
 
 
@@ -67,7 +82,7 @@ def small_corpus(tmp_path: Path) -> Path:
 def preprocess_config(small_corpus: Path, tmp_path: Path) -> Callable[..., object]:
     """Factory: a fast PreprocessConfig for `small_corpus`, writing to tmp_path/out unless told.
 
-    Arguments are Hydra overrides, applied after the base ones:
+    Arguments are `key=value` overrides (as on the command line), applied after the base ones:
     `preprocess_config("clean.max_ratio=null", "workers=2")`.
     """
 
@@ -82,7 +97,7 @@ def preprocess_config(small_corpus: Path, tmp_path: Path) -> Callable[..., objec
             "spm.num_threads=1",
             "workers=1",
         ]
-        return compose_preprocess(base + list(overrides))
+        return preprocess_config_with(base + list(overrides))
 
     return make
 

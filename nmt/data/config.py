@@ -4,13 +4,21 @@ Plain dataclasses (no Hydra here): `nmt/config.py` registers `PreprocessConfig` 
 schema of configs/preprocess.yaml, so a mistyped key or a wrong type is rejected when
 the config is composed. The keys follow fairseq-preprocess where one exists
 (`data.trainpref`, `data.validpref`, `data.testpref`, `workers`).
+
+Each dataclass checks itself in `validate()` (the CLI calls it before running, and so does
+`nmt.data.build_data_dir` for configs built in Python); every message reads
+`option=value: what is wrong; what to do`. Checks that need the file system (input files,
+the destination) run in `build_data_dir`, before any slow work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Optional
+
+from nmt.errors import NmtError
 
 
 class ModelType(str, Enum):
@@ -18,6 +26,11 @@ class ModelType(str, Enum):
 
     unigram = "unigram"
     bpe = "bpe"
+
+
+def _plain_value(value: object) -> object:
+    """An enum option as the string a user writes (configs built in Python may hold either)."""
+    return value.value if isinstance(value, Enum) else value
 
 
 class InvalidUtf8(str, Enum):
@@ -40,6 +53,41 @@ class DataConfig:
     testpref: list[str] = field(default_factory=lambda: ["data/demo/test"])
     dest: str = "data-bin/demo"  # the data dir to write
 
+    def split_prefixes(self) -> list[tuple[str, str]]:
+        """(split name, prefix): train, valid, then each test prefix under its file name."""
+        named = [("train", self.trainpref)]
+        if self.validpref:
+            named.append(("valid", self.validpref))
+        named += [(Path(prefix).name, prefix) for prefix in self.testpref]
+        return named
+
+    def validate(self) -> None:
+        for key, lang in (("data.src", self.src), ("data.tgt", self.tgt)):
+            if not lang or "/" in lang or lang != lang.strip() or " " in lang:
+                raise NmtError(
+                    f"{key}={lang!r}: not a language suffix; give one such as en or de "
+                    "(input files are <prefix>.<lang>)"
+                )
+        if self.src == self.tgt:
+            raise NmtError(
+                f"data.tgt={self.tgt}: the same language as data.src; give two different ones"
+            )
+        if not self.trainpref:
+            raise NmtError(
+                f"data.trainpref={self.trainpref!r}: required; give the prefix of the "
+                f"training files (<prefix>.{self.src} and <prefix>.{self.tgt})"
+            )
+        if not self.dest:
+            raise NmtError(f"data.dest={self.dest!r}: required; give the data dir to write")
+        taken: set[str] = set()
+        for name, prefix in self.split_prefixes():
+            if not name or name in taken:
+                raise NmtError(
+                    f"data.testpref={prefix}: would be stored as split {name!r}, which is "
+                    "taken; give the test files distinct names other than train and valid"
+                )
+            taken.add(name)
+
 
 @dataclass
 class SpmConfig:
@@ -58,15 +106,80 @@ class SpmConfig:
     num_threads: int = 2  # training threads; part of the recipe (another count, another model)
     seed: int = 1  # SentencePiece's random seed (sentence sampling)
 
+    def validate(self) -> None:
+        if self.vocab_size < 1:
+            raise NmtError(
+                f"spm.vocab_size={self.vocab_size}: must be 1 or more; use about 1000 for the "
+                "demo corpus, 8000 for Multi30k"
+            )
+        if self.num_threads < 1:
+            raise NmtError(
+                f"spm.num_threads={self.num_threads}: must be 1 or more; use at most the "
+                "number of CPU cores"
+            )
+        if self.input_sentence_size < 0:
+            raise NmtError(
+                f"spm.input_sentence_size={self.input_sentence_size}: must not be negative; "
+                "use 0 to train on every sentence"
+            )
+        if not 0 < self.character_coverage <= 1:
+            raise NmtError(
+                f"spm.character_coverage={self.character_coverage}: must be in (0, 1]; "
+                "use 1.0, or 0.9995 for large alphabets"
+            )
+        if self.seed < 0:
+            raise NmtError(f"spm.seed={self.seed}: must not be negative; use 0 or more")
+        if _plain_value(self.model_type) not in ModelType.__members__:
+            raise NmtError(
+                f"spm.model_type={_plain_value(self.model_type)}: unknown; use "
+                + " or ".join(ModelType.__members__)
+            )
+        if any(not symbol for symbol in self.user_defined_symbols):
+            raise NmtError(
+                f"spm.user_defined_symbols={list(self.user_defined_symbols)}: holds an empty "
+                "string; remove it"
+            )
+        if self.model is not None and (self.src_model or self.tgt_model):
+            raise NmtError(
+                f"spm.model={self.model}: set together with spm.src_model/spm.tgt_model; give "
+                "one joint model or two separate ones"
+            )
+        if (self.src_model is None) != (self.tgt_model is None):
+            key, value = (
+                ("spm.src_model", self.src_model)
+                if self.src_model is not None
+                else ("spm.tgt_model", self.tgt_model)
+            )
+            raise NmtError(
+                f"{key}={value}: the other side's model is missing; give both "
+                "spm.src_model and spm.tgt_model (separate models), or neither"
+            )
+        if self.model is not None and not self.joint:
+            raise NmtError(
+                f"spm.joint=false: spm.model={self.model} is one joint model; give "
+                "spm.src_model and spm.tgt_model instead, or set spm.joint=true"
+            )
+
 
 @dataclass
 class CleanConfig:
     """Filters for the training split only; valid and test keep every line."""
 
     remove_empty: bool = True  # drop pairs with an empty side (after normalization)
-    max_tokens: Optional[int] = 250  # drop pairs with a side over this many pieces; null: off
+    # drop pairs with a side over this many SentencePiece pieces (EOS not counted); null: off
+    max_pieces: Optional[int] = 250
     # drop pairs whose longer side has over max_ratio times the pieces of the shorter; null: off
     max_ratio: Optional[float] = 3.0
+
+    def validate(self) -> None:
+        if self.max_pieces is not None and self.max_pieces < 1:
+            raise NmtError(
+                f"clean.max_pieces={self.max_pieces}: must be 1 or more; use null for no limit"
+            )
+        if self.max_ratio is not None and self.max_ratio < 1:
+            raise NmtError(
+                f"clean.max_ratio={self.max_ratio}: must be 1 or more; use null for no limit"
+            )
 
 
 @dataclass
@@ -82,3 +195,22 @@ class PreprocessConfig:
     chunk_lines: int = 5000  # lines per unit of work handed to a worker
     overwrite: bool = False  # replace an existing data dir at data.dest
     debug: bool = False  # show tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first option that cannot work."""
+        self.data.validate()
+        self.spm.validate()
+        self.clean.validate()
+        if self.workers < 1:
+            raise NmtError(
+                f"workers={self.workers}: must be 1 or more; use 1 to encode in this process"
+            )
+        if self.chunk_lines < 1:
+            raise NmtError(
+                f"chunk_lines={self.chunk_lines}: must be 1 or more; the default is 5000"
+            )
+        if _plain_value(self.on_invalid_utf8) not in InvalidUtf8.__members__:
+            raise NmtError(
+                f"on_invalid_utf8={_plain_value(self.on_invalid_utf8)}: unknown; use "
+                + ", ".join(InvalidUtf8.__members__)
+            )

@@ -144,7 +144,7 @@ class CleanRules:
     """The training-split filters, applied to subword lengths without EOS."""
 
     remove_empty: bool
-    max_tokens: int | None
+    max_pieces: int | None
     max_ratio: float | None
 
     def apply(
@@ -159,8 +159,8 @@ class CleanRules:
             hit = shorter == 0
             counts["empty"] = int(hit.sum())
             keep &= ~hit
-        if self.max_tokens is not None:
-            hit = keep & (longer > self.max_tokens)
+        if self.max_pieces is not None:
+            hit = keep & (longer > self.max_pieces)
             counts["too_long"] = int(hit.sum())
             keep &= ~hit
         if self.max_ratio is not None:

@@ -8,12 +8,12 @@ nothing is configured twice.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from nmt.errors import NmtError
+from nmt.fsutil import atomic_write
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -100,12 +100,7 @@ def load_meta(data_dir: str | Path) -> DataMeta:
 
 
 def write_meta(data_dir: str | Path, meta: DataMeta) -> None:
-    """Write meta.json durably (temp file, fsync, rename): the data dir's completion mark."""
-    path = Path(data_dir) / META_FILE
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    """Write meta.json durably (nmt.fsutil.atomic_write): the data dir's completion mark."""
+    with atomic_write(Path(data_dir) / META_FILE, "w") as f:
         json.dump(meta.to_dict(), f, indent=2, ensure_ascii=False)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

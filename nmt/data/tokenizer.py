@@ -19,6 +19,7 @@ import sentencepiece as spm
 
 from nmt.data.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 from nmt.errors import NmtError
+from nmt.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     from nmt.data.meta import DataMeta
@@ -98,7 +99,7 @@ class Tokenizer:
         ids = list(range(self.vocab_size))
         pieces, scores = self._sp.id_to_piece(ids), self._sp.get_score(ids)
         text = "".join(f"{piece}\t{score:g}\n" for piece, score in zip(pieces, scores))
-        Path(path).write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
 
 
 def train_tokenizer(

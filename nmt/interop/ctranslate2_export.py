@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +26,11 @@ from torch import nn
 
 from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
-from nmt.interop.config import QUANTIZATIONS
+from nmt.fsutil import atomic_directory, atomic_write_bytes, atomic_write_text, remove_stale_temps
+from nmt.interop.config import ExportConfig
 
 DECODER_START = EOS  # nmt's decoder input starts with </s>, as fairseq's
+EXPORT_INFO = "nmt_export.json"  # where the export came from (exported_from, spm files, ...)
 
 
 def require_ctranslate2() -> Any:
@@ -170,18 +170,24 @@ def export_ctranslate2(
     quantization: str = "none",
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Write a CTranslate2 model directory; returns what was written (for the summary).
+    """Write a CTranslate2 model directory; returns what nmt_export.json records.
 
-    The directory is assembled under a temporary name beside `output_dir` and renamed
-    into place, so an interrupted export never leaves a half-written model.
+    The directory is assembled beside `output_dir` and renamed into place
+    (nmt.fsutil.atomic_directory), so an interrupted export never leaves a half-written
+    model; an existing `output_dir` is replaced only with `overwrite`.
     """
+    ExportConfig(
+        checkpoint=str(checkpoint),
+        output_dir=str(output_dir),
+        quantization=quantization,
+        overwrite=overwrite,
+    ).validate()
     require_ctranslate2()
-    if quantization not in QUANTIZATIONS:
-        raise NmtError(f"quantization: {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     output_dir = Path(output_dir)
     if output_dir.exists() and not overwrite:
         raise NmtError(
-            f"output_dir: {output_dir} already exists; choose another path or pass overwrite=true"
+            f"output_dir={output_dir}: already exists; choose another path or set "
+            "overwrite=true to replace it"
         )
     from nmt.checkpoint import load_for_inference
 
@@ -204,63 +210,52 @@ def export_ctranslate2(
     except ValueError as exc:  # ctranslate2 reports spec problems as ValueError
         raise NmtError(f"{checkpoint}: CTranslate2 rejected the model: {exc}") from exc
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    data = bundle.data
+    spm_files = _tokenizer_files(bundle, data)
+    info = {
+        "exported_from": str(checkpoint),
+        "quantization": quantization,
+        "src_lang": data.get("src_lang"),
+        "tgt_lang": data.get("tgt_lang"),
+        "spm": spm_files,
+        "special_ids": data.get("special_ids"),
+        "normalization": data.get("normalization"),
+        "model_config": {
+            k: getattr(bundle.model_config, k)
+            for k in (
+                "embed_dim",
+                "encoder_layers",
+                "decoder_layers",
+                "normalize_before",
+                "max_source_positions",
+                "max_target_positions",
+            )
+        },
+    }
     try:
-        spec.save(str(tmp))
-        data = bundle.data
-        spm_files = _write_tokenizers(tmp, bundle, data)
-        info = {
-            "exported_from": str(checkpoint),
-            "quantization": quantization,
-            "src_lang": data.get("src_lang"),
-            "tgt_lang": data.get("tgt_lang"),
-            "spm": spm_files,
-            "special_ids": data.get("special_ids"),
-            "normalization": data.get("normalization"),
-            "model_config": {
-                k: getattr(bundle.model_config, k)
-                for k in (
-                    "embed_dim",
-                    "encoder_layers",
-                    "decoder_layers",
-                    "normalize_before",
-                    "max_source_positions",
-                    "max_target_positions",
-                )
-            },
-        }
-        (tmp / "nmt_export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        _replace_dir(tmp, output_dir)
+        remove_stale_temps(output_dir)  # what a killed export left beside it
+        with atomic_directory(output_dir) as tmp:
+            spec.save(str(tmp))
+            models = {
+                spm_files["src"]: bundle.src_tokenizer.model_bytes,
+                spm_files["tgt"]: bundle.tgt_tokenizer.model_bytes,  # the same file when joint
+            }
+            for name, model_bytes in models.items():
+                atomic_write_bytes(tmp / name, model_bytes)
+            atomic_write_text(tmp / EXPORT_INFO, json.dumps(info, indent=2) + "\n")
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise NmtError(f"output_dir: could not write {output_dir} ({exc.strerror or exc})") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise NmtError(
+            f"output_dir={output_dir}: could not write it ({exc.strerror or exc}); choose a "
+            "writable path"
+        ) from exc
     return info
 
 
-def _write_tokenizers(directory: Path, bundle: Any, data: dict[str, Any]) -> dict[str, str]:
-    src, tgt = bundle.src_tokenizer.model_bytes, bundle.tgt_tokenizer.model_bytes
-    if src == tgt:
-        (directory / "spm.model").write_bytes(src)
+def _tokenizer_files(bundle: Any, data: dict[str, Any]) -> dict[str, str]:
+    """File names of the SentencePiece model(s) in the export: one joint, or one per side."""
+    if bundle.src_tokenizer.model_bytes == bundle.tgt_tokenizer.model_bytes:
         return {"src": "spm.model", "tgt": "spm.model"}
-    names = {
+    return {
         "src": f"spm.{data.get('src_lang', 'src')}.model",
         "tgt": f"spm.{data.get('tgt_lang', 'tgt')}.model",
     }
-    (directory / names["src"]).write_bytes(src)
-    (directory / names["tgt"]).write_bytes(tgt)
-    return names
-
-
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Rename tmp to target; an existing target is moved aside first, then deleted."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from nmt.data.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 from nmt.errors import NmtError
+from nmt.interop.config import ImportFairseqConfig
 from nmt.interop.safe_unpickle import load_untrusted
 
 # fairseq's TransformerModel architectures (transformer_legacy.py); all share one layout.
@@ -666,3 +667,61 @@ def _primitive_args(args: Mapping[str, Any]) -> dict[str, Any]:
                 value = str(value)
             out[str(key)] = value
     return out
+
+
+# ------------------------------------------------------------------ nmt-import-fairseq's call
+
+
+@dataclass
+class ImportResult:
+    """What `import_fairseq_checkpoint` wrote, and the conversion's report."""
+
+    output: Path  # the nmt checkpoint written
+    src_lang: str
+    tgt_lang: str
+    report: ImportReport
+
+    def lines(self) -> list[str]:
+        return [
+            *self.report.lines(),
+            f"wrote {self.output} ({self.src_lang}->{self.tgt_lang}); translate with "
+            f"nmt-generate checkpoint={self.output}",
+        ]
+
+
+def import_fairseq_checkpoint(cfg: ImportFairseqConfig) -> ImportResult:
+    """Convert `cfg.checkpoint` (with its dictionaries and SentencePiece model(s)) and save
+    the nmt checkpoint `cfg.output` (nmt.checkpoint.save_checkpoint: atomic)."""
+    from nmt.checkpoint import save_checkpoint
+
+    cfg.validate()
+    output = Path(str(cfg.output))
+    if output.exists() and not cfg.overwrite:
+        raise NmtError(
+            f"output={output}: already exists; choose another path or set overwrite=true "
+            "to replace it"
+        )
+    src_spm, tgt_spm = (
+        (Path(cfg.spm), Path(cfg.spm))
+        if cfg.spm
+        else (Path(str(cfg.src_spm)), Path(str(cfg.tgt_spm)))
+    )
+    ckpt = read_fairseq_checkpoint(str(cfg.checkpoint))
+    src_lang = cfg.src_lang or ckpt.source_lang
+    tgt_lang = cfg.tgt_lang or ckpt.target_lang
+    data_dir = Path(cfg.data_dir) if cfg.data_dir else ckpt.path.parent
+    dicts = []
+    for key, given, lang in (("src", cfg.src_dict, src_lang), ("tgt", cfg.tgt_dict, tgt_lang)):
+        if not given and not lang:
+            raise NmtError(
+                f"{key}_lang=null: the checkpoint does not name its languages; give "
+                f"{key}_lang= (or {key}_dict=PATH/dict.<lang>.txt)"
+            )
+        dicts.append(Path(given) if given else data_dir / f"dict.{lang}.txt")
+
+    nmt_ckpt, report = import_fairseq(
+        ckpt, dicts[0], dicts[1], src_spm, tgt_spm, src_lang=src_lang, tgt_lang=tgt_lang
+    )
+    save_checkpoint(nmt_ckpt, output)
+    data = nmt_ckpt["data"]
+    return ImportResult(output, data["src_lang"], data["tgt_lang"], report)

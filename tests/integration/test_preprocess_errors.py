@@ -119,7 +119,7 @@ def test_invalid_utf8_replace_and_skip(
 def test_empty_training_set_after_cleaning(
     nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path
 ) -> None:
-    code, _, err = nmt_cli("preprocess", *corpus_args, "clean.max_tokens=1")
+    code, _, err = nmt_cli("preprocess", *corpus_args, "clean.max_pieces=1")
     _assert_one_line_error(
         code,
         err,
@@ -176,3 +176,71 @@ def test_training_files_without_text(
 def test_config_mistakes_are_one_line_errors(nmt_cli, override: str, key: str) -> None:
     code, _, err = nmt_cli("preprocess", override)
     assert code != 0 and len(err.splitlines()) == 1 and key in err
+
+
+def test_the_old_name_of_clean_max_pieces_gets_a_hint(nmt_cli, corpus_args, tmp_path: Path) -> None:
+    code, _, err = nmt_cli("preprocess", *corpus_args, "clean.max_tokens=5")
+    assert code == 2
+    _assert_one_line_error(
+        code, err, tmp_path, "clean.max_tokens: renamed to clean.max_pieces", "clean.max_pieces=..."
+    )
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("workers=0", "workers=0: must be 1 or more; use 1"),
+        ("chunk_lines=-5", "chunk_lines=-5: must be 1 or more;"),
+        ("data.tgt=en", "data.tgt=en: the same language as data.src; give two different"),
+        ("data.src=e/n", "data.src='e/n': not a language suffix; give one such as en"),
+        ("spm.vocab_size=0", "spm.vocab_size=0: must be 1 or more; use about"),
+        ("spm.num_threads=0", "spm.num_threads=0: must be 1 or more; use"),
+        ("spm.input_sentence_size=-1", "spm.input_sentence_size=-1: must not be negative; use 0"),
+        ("spm.character_coverage=0", "spm.character_coverage=0.0: must be in (0, 1]; use 1.0"),
+        ("spm.seed=-3", "spm.seed=-3: must not be negative; use 0 or more"),
+        ("spm.user_defined_symbols=['']", "spm.user_defined_symbols=['']: holds an empty string"),
+        ("spm.src_model=a.model", "spm.src_model=a.model: the other side's model is missing"),
+        ("clean.max_pieces=0", "clean.max_pieces=0: must be 1 or more; use null for no limit"),
+        ("clean.max_ratio=0.5", "clean.max_ratio=0.5: must be 1 or more; use null for no limit"),
+        ("data.testpref=[a/train]", "data.testpref=a/train: would be stored as split 'train'"),
+    ],
+)
+def test_impossible_values_are_one_line_in_the_option_style(
+    nmt_cli, corpus_args, tmp_path: Path, override: str, message: str
+) -> None:
+    code, _, err = nmt_cli("preprocess", *corpus_args, override)
+    assert code == 2
+    _assert_one_line_error(code, err, tmp_path, message)
+
+
+def test_spm_model_and_separate_models_together(nmt_cli, corpus_args, tmp_path: Path) -> None:
+    code, _, err = nmt_cli("preprocess", *corpus_args, "spm.model=j.model", "spm.src_model=s.model")
+    _assert_one_line_error(code, err, tmp_path, "spm.model=j.model: set together with")
+    code, _, err = nmt_cli("preprocess", *corpus_args, "spm.model=j.model", "spm.joint=false")
+    _assert_one_line_error(code, err, tmp_path, "spm.joint=false: spm.model=j.model is one joint")
+
+
+def test_a_model_with_other_special_ids_is_one_line(
+    nmt_cli, corpus_args, small_corpus: Path, tmp_path: Path
+) -> None:
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()  # SentencePiece's own defaults: unk=0 bos=1 eos=2, no pad
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter((small_corpus / "train.en").read_text("utf-8").splitlines()),
+        model_writer=model,
+        vocab_size=100,
+        minloglevel=2,
+    )
+    path = small_corpus / "foreign.model"
+    path.write_bytes(model.getvalue())
+    code, _, err = nmt_cli("preprocess", *corpus_args, f"spm.model={path}")
+    _assert_one_line_error(code, err, tmp_path, f"spm.model={path}", "nmt needs bos=0 pad=1")
+
+
+def test_a_missing_spm_model_is_one_line(nmt_cli, corpus_args, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.model"
+    code, _, err = nmt_cli("preprocess", *corpus_args, f"spm.model={missing}")
+    _assert_one_line_error(code, err, tmp_path, f"spm.model={missing}: no such file")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.commands.preprocess import run
+from nmt.data import build_data_dir
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta, split_prefix
 from nmt.data.tokenizer import load_tokenizers, normalize_text
@@ -21,7 +21,7 @@ MULTI30K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mul
 @pytest.mark.skipif(not (MULTI30K / "train.en").is_file(), reason="needs ../shared/data/multi30k")
 def test_multi30k_round_trip(tmp_path: Path, preprocess_config) -> None:
     dest = tmp_path / "multi30k"
-    run(
+    build_data_dir(
         preprocess_config(
             f"data.trainpref={MULTI30K / 'train'}",
             f"data.validpref={MULTI30K / 'val'}",

@@ -117,7 +117,7 @@ def test_a_checkpoint_that_runs_code_is_refused_unexecuted(nmt_cli, trained, tex
 
 def test_vocab_of_another_data_dir_is_refused(nmt_cli, preprocess_config, tmp_path):
     """Resume and finetune_from compare vocab sizes and the tokenizers themselves."""
-    from nmt.commands.preprocess import run
+    from nmt.data import build_data_dir
 
     first = preprocess_config("spm.vocab_size=200", f"data.dest={tmp_path / 'a'}")
     same_size = preprocess_config(
@@ -125,7 +125,7 @@ def test_vocab_of_another_data_dir_is_refused(nmt_cli, preprocess_config, tmp_pa
     )
     bigger = preprocess_config("spm.vocab_size=240", f"data.dest={tmp_path / 'c'}")
     for cfg in (first, same_size, bigger):
-        run(cfg)
+        build_data_dir(cfg)
     code, _, err = nmt_cli("train", *train_args(tmp_path / "a", tmp_path / "run"))
     assert code == 0, err
     last = tmp_path / "run" / "checkpoint_last.pt"

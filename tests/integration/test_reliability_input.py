@@ -96,10 +96,10 @@ def test_impossible_training_values_name_the_key(nmt_cli, demo_data_dir, tmp_pat
 
 
 def test_share_all_embeddings_with_separate_vocabs(nmt_cli, preprocess_config, tmp_path):
-    from nmt.commands.preprocess import run
+    from nmt.data import build_data_dir
 
     cfg = preprocess_config("spm.joint=false")
-    run(cfg)
+    build_data_dir(cfg)
     code, _, err = nmt_cli(
         "train",
         *train_args(Path(cfg.data.dest), tmp_path / "run", "model.share_all_embeddings=true"),

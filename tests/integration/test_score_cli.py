@@ -180,3 +180,40 @@ def test_errors_are_one_line(files, tmp_path, capsys):
     assert "bleu.tokenize" in _error(
         capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", "bleu.tokenize=nope"
     )
+
+
+def test_output_file_holds_what_stdout_would_and_what_the_library_gives(files, tmp_path, capsys):
+    from nmt.scoring import ScoreConfig, score
+
+    args = [f"hyp={files['hyp']}", f"refs={files['ref']}", "metrics=[bleu,chrf]"]
+    for fmt in ("text", "json"):
+        main("score", [*args, f"format={fmt}"])
+        stdout = capsys.readouterr().out
+        out = tmp_path / f"report.{fmt}"
+        main("score", [*args, f"format={fmt}", f"output={out}"])
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == f"nmt-score: wrote {out}\n"
+        assert out.read_text(encoding="utf-8") == stdout
+        report = score(
+            ScoreConfig(hyp=str(files["hyp"]), refs=str(files["ref"]), metrics=["bleu", "chrf"])
+        )
+        assert stdout == report.render(fmt) + "\n"
+
+
+def test_a_bad_output_is_one_line_and_writes_nothing(files, tmp_path, capsys):
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    err = _error(capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", f"output={files['hyp']}")
+    assert f"output={files['hyp']}: is an input of this run" in err
+    err = _error(
+        capsys, f"hyp={files['hyp']}", f"refs={files['ref']}", f"output={tmp_path / 'no' / 'r'}"
+    )
+    assert "does not exist" in err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_option_mistakes_name_the_option_and_value(files, capsys):
+    args = [f"hyp={files['hyp']}", f"refs={files['ref']}"]
+    assert "format=xml: unknown; use text or json" in _error(capsys, *args, "format=xml")
+    err = _error(capsys, *args, "confidence=true", "confidence_n=1")
+    assert "confidence_n=1: must be 2 or more" in err
+    assert "chrf.beta=0: must be 1 or more" in _error(capsys, *args, "chrf.beta=0")

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nmt.commands.preprocess import run
-from nmt.data import binarize
+from nmt.data import binarize, build_data_dir
 from nmt.data.binarize import TokenArray, TokenArrayWriter, dtype_for_vocab
 from nmt.errors import NmtError
 
@@ -84,10 +83,10 @@ def _data_files(folder: Path) -> dict[str, bytes]:
 
 
 def test_output_is_the_same_for_any_worker_count(preprocess_config, tmp_path: Path) -> None:
-    run(preprocess_config("workers=1"))
+    build_data_dir(preprocess_config("workers=1"))
     one = _data_files(tmp_path / "out")
     # three processes and small chunks (they finish out of order), same destination
-    run(preprocess_config("workers=3", "chunk_lines=37", "overwrite=true"))
+    build_data_dir(preprocess_config("workers=3", "chunk_lines=37", "overwrite=true"))
     three = _data_files(tmp_path / "out")
     assert one.keys() == three.keys()
     for name in one:
@@ -105,5 +104,5 @@ def test_a_dying_worker_fails_the_run_instead_of_hanging(
 ) -> None:
     monkeypatch.setattr(binarize._ChunkEncoder, "__call__", lambda self, task: os._exit(3))
     with pytest.raises(NmtError, match="worker process died"):
-        run(preprocess_config("workers=2", "chunk_lines=100"))
+        build_data_dir(preprocess_config("workers=2", "chunk_lines=100"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]

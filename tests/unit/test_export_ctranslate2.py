@@ -13,7 +13,6 @@ import torch
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 from nmt.checkpoint import build_checkpoint, save_checkpoint  # noqa: E402
-from nmt.cli import main  # noqa: E402
 from nmt.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
@@ -146,7 +145,7 @@ def test_ctranslate2_scores_equal_nmt_forced_decoding(variant, tokenizers, tmp_p
     spec = VARIANTS[variant]
     src, tgt = (tokenizers["joint"],) * 2 if spec["joint"] else (tokenizers["en"], tokenizers["de"])
     model = _checkpoint(tmp_path / "model.pt", _cfg(**spec["cfg"]), src, tgt)
-    main("export", [f"checkpoint={tmp_path / 'model.pt'}", f"output_dir={tmp_path / 'ct2'}"])
+    export_ctranslate2(tmp_path / "model.pt", tmp_path / "ct2")
 
     sources, targets = _lines("test", "en", 6), _lines("test", "de", 6)
     translator = ctranslate2.Translator(
@@ -249,25 +248,36 @@ def test_every_quantization_writes_a_working_model(tokenizers, tmp_path):
     assert sizes["float16"] < sizes["none"] and sizes["bfloat16"] < sizes["none"]
 
 
-def test_existing_output_is_kept_unless_overwrite(tokenizers, tmp_path, capsys):
+def test_existing_output_is_kept_unless_overwrite(tokenizers, tmp_path):
     tok = tokenizers["joint"]
     _checkpoint(tmp_path / "model.pt", _cfg(share_all_embeddings=True), tok, tok)
     out = tmp_path / "ct2"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
-    with pytest.raises(SystemExit) as exit_info:
-        main("export", [f"checkpoint={tmp_path / 'model.pt'}", f"output_dir={out}"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "already exists" in err and "overwrite=true" in err and err.count("\n") == 1
+    with pytest.raises(
+        NmtError
+    ) as error:  # the CLI's one line: tests/integration/test_interop_cli.py
+        export_ctranslate2(tmp_path / "model.pt", out)
+    assert "already exists" in str(error.value) and "overwrite=true" in str(error.value)
+    assert str(error.value).startswith(f"output_dir={out}: ")
     assert (out / "mine.txt").read_text() == "keep"
-    main("export", [f"checkpoint={tmp_path / 'model.pt'}", f"output_dir={out}", "overwrite=true"])
+    export_ctranslate2(tmp_path / "model.pt", out, overwrite=True)
     assert (out / "model.bin").is_file() and not (out / "mine.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model.pt"]  # no temp dirs left
 
 
+def test_temporaries_of_a_killed_export_are_removed(tokenizers, tmp_path):
+    tok = tokenizers["joint"]
+    _checkpoint(tmp_path / "model.pt", _cfg(share_all_embeddings=True), tok, tok)
+    killed = tmp_path / ".ct2.x1y2z3.tmp"  # what SIGKILL during an export leaves behind
+    killed.mkdir()
+    (killed / "model.bin").write_bytes(b"half")
+    export_ctranslate2(tmp_path / "model.pt", tmp_path / "ct2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model.pt"]
+
+
 def test_bad_quantization_and_missing_package_are_one_line_errors(tmp_path, monkeypatch):
-    with pytest.raises(NmtError, match=r"quantization: 'int4' is not one of none, int8"):
+    with pytest.raises(NmtError, match=r"^quantization=int4: unknown; use one of none, int8"):
         export_ctranslate2(tmp_path / "model.pt", tmp_path / "ct2", "int4")
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
     with pytest.raises(NmtError, match=r"ctranslate2 is not installed; install it with"):

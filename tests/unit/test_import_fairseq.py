@@ -8,6 +8,7 @@ import argparse
 import io
 import os
 import random
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -17,10 +18,11 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import load_for_inference
-from nmt.cli import main
 from nmt.errors import NmtError
+from nmt.interop.config import ImportFairseqConfig
 from nmt.interop.fairseq_import import (
     import_fairseq,
+    import_fairseq_checkpoint,
     read_fairseq_checkpoint,
     read_fairseq_dictionary,
     spm_with_nmt_specials,
@@ -275,9 +277,16 @@ def test_imported_model_gives_fairseq_models_logits(case, spms, tmp_path):
         tmp_path, spms, cfg, spec["joint"], spec["style"], legacy=spec.get("legacy", False)
     )
     out = tmp_path / "imported.pt"
-    argv = [f"checkpoint={tmp_path / 'checkpoint_best.pt'}", f"output={out}"]
-    argv += [f"spm={src_spm}"] if spec["joint"] else [f"src_spm={src_spm}", f"tgt_spm={tgt_spm}"]
-    main("import_fairseq", argv)  # dicts found as <checkpoint dir>/dict.{en,de}.txt
+    cfg_import = ImportFairseqConfig(
+        checkpoint=str(tmp_path / "checkpoint_best.pt"), output=str(out)
+    )
+    if spec["joint"]:
+        cfg_import.spm = str(src_spm)
+    else:
+        cfg_import.src_spm, cfg_import.tgt_spm = str(src_spm), str(tgt_spm)
+    result = import_fairseq_checkpoint(cfg_import)  # dicts: <checkpoint dir>/dict.{en,de}.txt
+    assert (result.output, result.src_lang, result.tgt_lang) == (out, "en", "de")
+    assert result.lines()[-1].startswith(f"wrote {out} (en->de)")
 
     bundle = load_for_inference(out)
     assert bundle.data["src_lang"] == "en" and bundle.data["tgt_lang"] == "de"
@@ -371,15 +380,15 @@ def test_a_pickle_that_runs_code_is_refused_before_running(tmp_path):
     assert not marker.exists()
 
 
-def test_refusal_is_one_line_from_the_cli(tmp_path, capsys):
+def test_the_import_call_refuses_such_a_pickle_too(tmp_path):
+    """The CLI's one-line form of this: tests/integration/test_interop_cli.py."""
     marker = tmp_path / "pwned"
     path = tmp_path / "checkpoint_evil.pt"
     torch.save({"model": {}, "x": _RunsShell(str(marker))}, path)
-    with pytest.raises(SystemExit) as exit_info:
-        main("import_fairseq", [f"checkpoint={path}", f"spm={path}", f"output={tmp_path / 'o.pt'}"])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "refusing to unpickle" in err and str(path) in err
+    cfg = ImportFairseqConfig(checkpoint=str(path), spm=str(path), output=str(tmp_path / "o.pt"))
+    with pytest.raises(NmtError, match="refusing to unpickle") as error:
+        import_fairseq_checkpoint(cfg)
+    assert str(path) in str(error.value)
     assert not marker.exists() and not (tmp_path / "o.pt").exists()
 
 
@@ -456,13 +465,32 @@ def test_dictionary_format_errors_name_the_line(tmp_path):
     assert read_fairseq_dictionary(path) == ["<s>", "<pad>", "</s>", "<unk>", "hello", "<unk>"]
 
 
-def test_existing_output_is_not_overwritten(spms, tmp_path, capsys):
+def test_existing_output_is_not_overwritten(spms, tmp_path):
     out = tmp_path / "imported.pt"
     out.write_bytes(b"precious")
-    with pytest.raises(SystemExit):
-        main(
-            "import_fairseq",
-            [f"checkpoint={tmp_path / 'none.pt'}", f"spm={spms['joint']}", f"output={out}"],
-        )
-    assert "already exists" in capsys.readouterr().err
+    cfg = ImportFairseqConfig(
+        checkpoint=str(tmp_path / "none.pt"), spm=str(spms["joint"]), output=str(out)
+    )
+    with pytest.raises(NmtError, match=r"already exists; choose another path or set overwrite"):
+        import_fairseq_checkpoint(cfg)
     assert out.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(checkpoint=None), "checkpoint=null: required; give the fairseq checkpoint"),
+        (dict(output=None), "output=null: required; give the nmt checkpoint to write"),
+        (dict(spm=None), "spm=null: required; give the SentencePiece model the fairseq data"),
+        (dict(src_spm="a.model"), "spm=j.model: set together with src_spm/tgt_spm; give spm="),
+        (dict(spm=None, src_spm="a.model"), "src_spm=a.model: tgt_spm is not set; give both"),
+        (dict(src_lang="e/n"), "src_lang='e/n': not a language suffix; give one such as en"),
+    ],
+)
+def test_config_mistakes_are_named_in_the_option_style(options, message, tmp_path):
+    base = dict(checkpoint=str(tmp_path / "c.pt"), spm="j.model", output=str(tmp_path / "o.pt"))
+    cfg = ImportFairseqConfig(**{**base, **options})
+    with pytest.raises(NmtError, match="^" + re.escape(message)):
+        cfg.validate()
+    with pytest.raises(NmtError, match="^" + re.escape(message)):
+        import_fairseq_checkpoint(cfg)  # the library checks configs built in Python itself

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
-import nmt.commands.preprocess as preprocess
-from nmt.cli import compose_config, to_dataclass
-from nmt.commands.preprocess import run
+import nmt.data.build
+import nmt.data.tokenizer_setup
+from nmt.data import build_data_dir
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta, split_prefix
 from nmt.data.tokenizer import load_tokenizers, normalize_text
@@ -81,7 +81,9 @@ def test_cleaning_rules_are_applied_and_counted(
     _write(small_corpus / "valid.en", [s for s, _ in bad])
     _write(small_corpus / "valid.de", [t for _, t in bad])
 
-    run(preprocess_config("chunk_lines=100", "clean.max_tokens=100", "clean.max_ratio=2.5"))
+    build_data_dir(
+        preprocess_config("chunk_lines=100", "clean.max_pieces=100", "clean.max_ratio=2.5")
+    )
     meta = load_meta(tmp_path / "out")
     # the rules restated in plain Python, on the lengths the stored tokenizer gives
     tok, _ = load_tokenizers(tmp_path / "out")
@@ -114,11 +116,11 @@ def test_cleaning_rules_are_applied_and_counted(
     assert _decoded(tmp_path / "out", "valid", "de", "tgt")[1] == ""
 
     # every rule can be switched off
-    run(
+    build_data_dir(
         preprocess_config(
             "overwrite=true",
             "clean.remove_empty=false",
-            "clean.max_tokens=null",
+            "clean.max_pieces=null",
             "clean.max_ratio=null",
         )
     )
@@ -130,7 +132,7 @@ def test_crlf_bom_and_nfkc(small_corpus: Path, preprocess_config, tmp_path: Path
     valid_en = ["\ufeffThe number \ufb01ve.\r", "  Tom   says\tthat we count ten cups.\r"]
     (small_corpus / "valid.en").write_bytes("\n".join(valid_en).encode("utf-8"))  # no final \n
     _write(small_corpus / "valid.de", ["Die Zahl fünf.", "Tom sagt, dass wir zehn Tassen zählen."])
-    run(preprocess_config("nfkc=true"))
+    build_data_dir(preprocess_config("nfkc=true"))
     assert load_meta(tmp_path / "out").normalization == {"nfkc": True}
     assert _decoded(tmp_path / "out", "valid", "en", "src") == [
         "The number five.",
@@ -144,7 +146,7 @@ def test_several_test_sets_keep_their_names(
     for lang in ("en", "de"):
         copy = (small_corpus / f"valid.{lang}").read_bytes()
         (small_corpus / f"test_2016.{lang}").write_bytes(copy)
-    run(
+    build_data_dir(
         preprocess_config(
             f"data.testpref=[{small_corpus / 'test'},{small_corpus / 'test_2016'}]",
             "data.validpref=null",
@@ -155,7 +157,7 @@ def test_several_test_sets_keep_their_names(
     raw = (small_corpus / "valid.de").read_text(encoding="utf-8").splitlines()
     assert _decoded(tmp_path / "out", "test_2016", "de", "tgt") == raw
     with pytest.raises(NmtError, match="data.testpref"):
-        run(
+        build_data_dir(
             preprocess_config(
                 f"data.testpref=[{small_corpus / 'test'},{tmp_path / 'x' / 'test'}]",
                 f"data.dest={tmp_path / 'other'}",
@@ -166,12 +168,12 @@ def test_several_test_sets_keep_their_names(
 def test_existing_data_dir_is_replaced_only_with_overwrite(
     preprocess_config, tmp_path: Path
 ) -> None:
-    run(preprocess_config())
+    build_data_dir(preprocess_config())
     before = (tmp_path / "out" / "meta.json").read_bytes()
     with pytest.raises(NmtError, match="overwrite=true"):
-        run(preprocess_config("clean.max_ratio=null"))
+        build_data_dir(preprocess_config("clean.max_ratio=null"))
     assert (tmp_path / "out" / "meta.json").read_bytes() == before
-    run(preprocess_config("clean.max_ratio=null", "overwrite=true"))
+    build_data_dir(preprocess_config("clean.max_ratio=null", "overwrite=true"))
     meta = json.loads((tmp_path / "out" / "meta.json").read_bytes())
     assert meta["config"]["clean"]["max_ratio"] is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "out"]  # no temp or old dirs
@@ -181,7 +183,7 @@ def test_a_folder_nmt_did_not_write_is_never_replaced(preprocess_config, tmp_pat
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
     with pytest.raises(NmtError, match="not an nmt data dir"):
-        run(preprocess_config("overwrite=true"))
+        build_data_dir(preprocess_config("overwrite=true"))
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 
 
@@ -191,31 +193,10 @@ def test_a_failed_run_leaves_nothing(
     def crash(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(preprocess, "write_meta", crash)
+    monkeypatch.setattr(nmt.data.build, "write_meta", crash)
     with pytest.raises(KeyboardInterrupt):
-        run(preprocess_config())
+        build_data_dir(preprocess_config())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
-
-
-def compose_preprocess(overrides: list[str]):
-    return to_dataclass(compose_config("preprocess", overrides))
-
-
-def test_default_config_and_overrides() -> None:
-    cfg = compose_preprocess([])
-    assert (cfg.data.trainpref, cfg.data.dest) == ("data/demo/train", "data-bin/demo")
-    assert cfg.data.testpref == ["data/demo/test"]
-    cfg = compose_preprocess(
-        [
-            "data.src=de",
-            "data.tgt=en",
-            "spm.vocab_size=8000",
-            "spm.model_type=unigram",
-            "data.testpref=[a/x,b/y]",
-        ]
-    )
-    assert (cfg.data.src, cfg.data.tgt, cfg.spm.vocab_size) == ("de", "en", 8000)
-    assert cfg.spm.model_type.value == "unigram" and cfg.data.testpref == ["a/x", "b/y"]
 
 
 def test_ctrl_c_during_tokenizer_training_stops_at_once(
@@ -228,10 +209,79 @@ def test_ctrl_c_during_tokenizer_training_stops_at_once(
         os.kill(os.getppid(), signal.SIGINT)
         time.sleep(60)  # stands in for SentencePiece's C++ trainer, deaf to signals
 
-    monkeypatch.setattr(preprocess, "train_tokenizer", endless_training)
+    monkeypatch.setattr(nmt.data.tokenizer_setup, "train_tokenizer", endless_training)
     cfg = preprocess_config()
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        run(cfg)
+        build_data_dir(cfg)
     assert time.monotonic() - started < 10
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_the_library_checks_its_config_itself(preprocess_config, tmp_path: Path) -> None:
+    """Configs built in Python never went through the CLI's validate()."""
+    cfg = preprocess_config()
+    cfg.workers = 0
+    with pytest.raises(NmtError, match=r"^workers=0: must be 1 or more; use 1"):
+        build_data_dir(cfg)
+    cfg = preprocess_config()
+    cfg.clean.max_pieces = 0
+    with pytest.raises(NmtError, match=r"^clean\.max_pieces=0: must be 1 or more; use null"):
+        build_data_dir(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_enum_options_may_be_given_as_strings(preprocess_config, tmp_path: Path) -> None:
+    build_data_dir(preprocess_config("spm.model_type=unigram", "on_invalid_utf8=skip"))
+    with_enums = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    cfg = preprocess_config(f"data.dest={tmp_path / 'strings'}")
+    cfg.spm.model_type, cfg.on_invalid_utf8 = "unigram", "skip"  # as a Python user may write
+    build_data_dir(cfg)
+    with_strings = {p.name: p.read_bytes() for p in (tmp_path / "strings").iterdir()}
+    assert with_enums.keys() == with_strings.keys()
+    for name in with_enums:
+        if name not in ("meta.json", "config.yaml"):  # they record data.dest
+            assert with_enums[name] == with_strings[name], name
+    assert load_meta(tmp_path / "strings").config["spm"]["model_type"] == "unigram"
+    cfg.on_invalid_utf8 = "ignore"
+    with pytest.raises(NmtError, match=r"^on_invalid_utf8=ignore: unknown; use error, replace"):
+        build_data_dir(cfg)
+
+
+def test_the_report_matches_meta_json(preprocess_config, tmp_path: Path) -> None:
+    report = build_data_dir(preprocess_config("workers=2"))
+    assert report.dest == tmp_path / "out"
+    assert report.meta == load_meta(tmp_path / "out")
+    assert report.pairs == 400 + 50 + 50 and report.workers == 2
+    assert report.encode_seconds > 0 and report.invalid_utf8 == {}
+    lines = report.lines()
+    assert lines[0] == "en->de, joint vocabulary of 200 pieces, uint16 ids"
+    assert [line.split()[0] for line in lines if line.startswith("  ")] == [
+        "train",
+        "valid",
+        "test",
+    ]
+    assert lines[-1] == f"wrote {tmp_path / 'out'}"
+
+
+def test_temporaries_of_a_killed_run_are_removed(preprocess_config, tmp_path: Path) -> None:
+    """A run killed mid-build leaves its hidden temporary beside data.dest (SIGKILL runs no
+    cleanup); the next run removes it, and nothing else."""
+    from nmt.fsutil import stale_temps
+
+    killed = tmp_path / ".out.a1b2c3.tmp"
+    killed.mkdir()
+    (killed / "train.en.bin").write_bytes(b"half")
+    assert stale_temps(tmp_path / "out") == [killed]
+    mine = tmp_path / ".other.tmp"  # not a temporary of data.dest
+    mine.mkdir()
+    build_data_dir(preprocess_config())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp", "corpus", "out"]
+
+
+def test_a_file_on_the_way_to_data_dest_is_named(preprocess_config, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(NmtError, match=f"data.dest={blocker}/a/data: {blocker} is not a dir"):
+        build_data_dir(preprocess_config(f"data.dest={blocker / 'a' / 'data'}"))
+    assert blocker.read_text(encoding="utf-8") == "x"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 
-from nmt.commands.preprocess import run
+from nmt.data import build_data_dir
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta
 from nmt.data.tokenizer import Tokenizer, load_tokenizers, normalize_text, train_tokenizer
@@ -97,7 +98,7 @@ def test_bad_model_files_are_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_model_with_other_special_ids_is_refused(
-    small_corpus: Path, tmp_path: Path, preprocess_config, nmt_cli
+    small_corpus: Path, tmp_path: Path, preprocess_config
 ) -> None:
     model = io.BytesIO()  # SentencePiece's own defaults: unk=0 bos=1 eos=2, no pad
     spm.SentencePieceTrainer.train(
@@ -110,23 +111,17 @@ def test_model_with_other_special_ids_is_refused(
     path.write_bytes(model.getvalue())
     with pytest.raises(NmtError, match="nmt needs bos=0 pad=1 eos=2 unk=3"):
         Tokenizer.from_file(path).check_special_ids("foreign")
-    code, _, err = nmt_cli(
-        "preprocess",
-        f"spm.model={path}",
-        f"data.trainpref={small_corpus / 'train'}",
-        "data.validpref=null",
-        "data.testpref=[]",
-        f"data.dest={tmp_path / 'out'}",
-    )
-    assert code != 0 and len(err.splitlines()) == 1
-    assert f"spm.model={path}" in err and not (tmp_path / "out").exists()
+    cfg = preprocess_config(f"spm.model={path}", "data.validpref=null", "data.testpref=[]")
+    with pytest.raises(NmtError, match=re.escape(f"spm.model={path}: the model's special ids")):
+        build_data_dir(cfg)  # the CLI's one-line error: tests/integration/test_preprocess_errors.py
+    assert not (tmp_path / "out").exists()
 
 
 def test_preprocess_reuses_a_given_model(preprocess_config, tmp_path: Path) -> None:
     first = preprocess_config(f"data.dest={tmp_path / 'first'}")
-    run(first)
+    build_data_dir(first)
     model = tmp_path / "first" / "spm.model"
-    run(
+    build_data_dir(
         preprocess_config(
             f"data.dest={tmp_path / 'second'}", f"spm.model={model}", "spm.vocab_size=999"
         )
@@ -140,7 +135,7 @@ def test_preprocess_reuses_a_given_model(preprocess_config, tmp_path: Path) -> N
 
 
 def test_separate_vocabularies(preprocess_config, tmp_path: Path) -> None:
-    run(preprocess_config("spm.joint=false", "spm.vocab_size=150"))
+    build_data_dir(preprocess_config("spm.joint=false", "spm.vocab_size=150"))
     out = tmp_path / "out"
     meta = load_meta(out)
     assert not meta.joint_vocab
@@ -152,7 +147,7 @@ def test_separate_vocabularies(preprocess_config, tmp_path: Path) -> None:
     decoded = [tgt_tok.decode(TokenArray(out / "valid.de")[i]) for i in range(len(raw))]
     assert decoded == raw
     # the two models can be reused as a pair
-    run(
+    build_data_dir(
         preprocess_config(
             f"data.dest={tmp_path / 'again'}",
             f"spm.src_model={out / 'spm.en.model'}",
@@ -163,7 +158,7 @@ def test_separate_vocabularies(preprocess_config, tmp_path: Path) -> None:
 
 
 def test_modified_model_file_is_detected(preprocess_config, tmp_path: Path) -> None:
-    run(preprocess_config())
+    build_data_dir(preprocess_config())
     model = tmp_path / "out" / "spm.model"
     model.write_bytes(model.read_bytes() + b"\x00")
     with pytest.raises(NmtError, match="sha256"):

@@ -1,0 +1,291 @@
+"""Parallel text -> data dir: the library call under `nmt-preprocess`.
+
+    from nmt.data import build_data_dir
+    report = build_data_dir(PreprocessConfig(data=DataConfig(trainpref="corpus/train", ...)))
+
+Order of work, so that mistakes surface early and nothing half-done is ever visible:
+  1. check the config, the destination and every input file (counts, UTF-8) before slow work;
+  2. build everything in a temporary sibling of `data.dest` (nmt.fsutil.atomic_directory):
+     the SentencePiece model(s), the binarized splits, config.yaml, and meta.json last;
+  3. rename the finished directory into place.
+Any failure or Ctrl-C removes the temporary directory; an existing data dir is replaced
+only with `overwrite=true`, and only once the new one is complete. A directory that holds
+anything but an nmt data dir (no meta.json) is never replaced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from nmt.data.binarize import Encoder, EncodeSettings, SplitStats, dtype_for_vocab
+from nmt.data.config import InvalidUtf8, PreprocessConfig
+from nmt.data.corpus import CleanRules, FileScan, check_parallel, scan_file
+from nmt.data.meta import META_FILE, DataMeta, SplitInfo, split_prefix, write_meta
+from nmt.data.tokenizer_setup import DataTokenizers, setup_tokenizers
+from nmt.data.vocab import SPECIAL_IDS
+from nmt.errors import NmtError
+from nmt.fsutil import atomic_directory, atomic_write_text, remove_stale_temps
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class SplitInput:
+    """One split's pair of input files, scanned."""
+
+    name: str  # train, valid, or the test prefix's file name
+    src: FileScan
+    tgt: FileScan
+    is_train: bool
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What `build_data_dir` wrote: the data dir's meta.json, and how the run went."""
+
+    dest: Path  # the data dir
+    meta: DataMeta  # as written to <dest>/meta.json
+    encode_seconds: float  # reading, encoding and writing the splits (tokenizer training not)
+    workers: int  # encoding processes
+    invalid_utf8: dict[str, int]  # split -> lines with invalid UTF-8, where there were any
+    invalid_utf8_policy: str  # "replace" or "skip" (with "error" there are none)
+
+    @property
+    def pairs(self) -> int:
+        """Sentence pairs read, over every split."""
+        return sum(s.lines for s in self.meta.splits.values())
+
+    @property
+    def pairs_per_second(self) -> float:
+        return self.pairs / self.encode_seconds if self.encode_seconds > 0 else float("inf")
+
+    def lines(self) -> list[str]:
+        """A summary for people: headline lines, with one indented line per split."""
+        meta = self.meta
+        out = [
+            f"{name}: {n} lines with invalid UTF-8 "
+            f"({'replaced' if self.invalid_utf8_policy == 'replace' else 'skipped'})"
+            for name, n in self.invalid_utf8.items()
+        ]
+        vocab = (
+            f"joint vocabulary of {meta.src_vocab_size}"
+            if meta.joint_vocab
+            else f"vocabularies of {meta.src_vocab_size} ({meta.src_lang}) and "
+            f"{meta.tgt_vocab_size} ({meta.tgt_lang})"
+        )
+        out.append(f"{meta.src_lang}->{meta.tgt_lang}, {vocab} pieces, {meta.dtype} ids")
+        width = max(len(name) for name in meta.splits)
+        for name, s in meta.splits.items():
+            removed = ", ".join(f"{rule} {n}" for rule, n in s.removed.items())
+            out.append(
+                f"  {name:<{width}} {s.lines:>9} lines {s.kept:>9} kept   tokens "
+                f"{s.src_tokens} {meta.src_lang} / {s.tgt_tokens} {meta.tgt_lang}   "
+                f"removed: {removed}"
+            )
+        out.append(
+            f"encoded {self.pairs} pairs in {self.encode_seconds:.2f} s "
+            f"({self.pairs_per_second:,.0f} pairs/s, "
+            f"{self.workers} worker{'s' if self.workers > 1 else ''})"
+        )
+        out.append(f"wrote {self.dest}")
+        return out
+
+
+def build_data_dir(
+    cfg: PreprocessConfig,
+    *,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> BuildReport:
+    """Write the data dir `cfg.data.dest` (docs/ARCHITECTURE.md, "Data dir"); NmtError on
+    any input mistake, before slow work where it can be found before.
+
+    `progress`: a tqdm bar on stderr while encoding (when stderr is a terminal). `log`
+    receives progress messages (e.g. that a SentencePiece model is being trained).
+    """
+    cfg.validate()
+    say = log or (lambda message: None)
+    dest = Path(cfg.data.dest).expanduser()
+    _check_dest(dest, cfg.overwrite)
+    splits = _scan_inputs(cfg)
+    remove_stale_temps(dest)  # what a killed run left beside dest
+    with atomic_directory(dest) as tmp:
+        meta, stats, encode_s = _build(cfg, splits, tmp, progress, say)
+    bad = {name: s.bad_utf8 for name, s in stats.items() if s.bad_utf8}
+    return BuildReport(
+        dest=dest,
+        meta=meta,
+        encode_seconds=encode_s,
+        workers=cfg.workers,
+        invalid_utf8=bad,
+        invalid_utf8_policy=InvalidUtf8(cfg.on_invalid_utf8).value,
+    )
+
+
+def _build(
+    cfg: PreprocessConfig,
+    splits: list[SplitInput],
+    out: Path,
+    progress: bool,
+    log: Callable[[str], None],
+) -> tuple[DataMeta, dict[str, SplitStats], float]:
+    """Everything in `out`, meta.json last; returns the meta, the split counts and the
+    encoding time."""
+    tokenizers = setup_tokenizers(cfg, splits[0].src, splits[0].tgt, out, log)
+    dtype = dtype_for_vocab(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
+    started = time.perf_counter()
+    stats = _encode_splits(cfg, splits, tokenizers, dtype.name, out, progress)
+    encode_s = time.perf_counter() - started
+
+    config = _plain(cfg)
+    atomic_write_text(
+        out / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    )
+    meta = DataMeta(
+        src_lang=cfg.data.src,
+        tgt_lang=cfg.data.tgt,
+        joint_vocab=tokenizers.joint,
+        src_vocab_size=tokenizers.src.vocab_size,
+        tgt_vocab_size=tokenizers.tgt.vocab_size,
+        special_ids=dict(SPECIAL_IDS),
+        dtype=dtype.name,
+        tokenizers=tokenizers.files,
+        normalization={"nfkc": cfg.nfkc},
+        splits={
+            name: SplitInfo(
+                lines=s.lines,
+                kept=s.kept,
+                removed=s.removed,
+                src_tokens=s.src_tokens,
+                tgt_tokens=s.tgt_tokens,
+            )
+            for name, s in stats.items()
+        },
+        config=config,
+    )
+    write_meta(out, meta)
+    return meta, stats, encode_s
+
+
+def _encode_splits(
+    cfg: PreprocessConfig,
+    splits: list[SplitInput],
+    tokenizers: DataTokenizers,
+    dtype: str,
+    out: Path,
+    progress: bool,
+) -> dict[str, SplitStats]:
+    """Binarize every split into `out` with `cfg.workers` processes; returns their counts."""
+    settings = EncodeSettings(
+        src_model=tokenizers.src.model_bytes,
+        tgt_model=tokenizers.tgt.model_bytes,
+        dtype=dtype,
+        nfkc=cfg.nfkc,
+        on_invalid_utf8=InvalidUtf8(cfg.on_invalid_utf8).value,
+    )
+    rules = CleanRules(cfg.clean.remove_empty, cfg.clean.max_pieces, cfg.clean.max_ratio)
+    stats: dict[str, SplitStats] = {}
+    total = sum(s.src.lines for s in splits)
+    with (
+        Encoder(settings, cfg.workers) as encoder,
+        tqdm(
+            total=total,
+            unit=" pairs",
+            desc="nmt-preprocess",
+            disable=None if progress else True,  # None: only on a terminal
+            leave=False,
+        ) as bar,
+    ):
+        for split in splits:
+            bar.set_postfix_str(split.name)
+            stats[split.name] = encoder.encode_split(
+                split.src,
+                split.tgt,
+                cfg.chunk_lines,
+                split_prefix(out, split.name, cfg.data.src),
+                split_prefix(out, split.name, cfg.data.tgt),
+                rules if split.is_train else None,
+                progress=bar.update,
+            )
+            if split.is_train and stats[split.name].kept == 0:
+                raise NmtError(_empty_train_message(cfg, stats[split.name]))
+    return stats
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def _scan_inputs(cfg: PreprocessConfig) -> list[SplitInput]:
+    """Every input file exists, pairs have equal line counts, and (in error mode) valid UTF-8."""
+    check_utf8 = InvalidUtf8(cfg.on_invalid_utf8) is InvalidUtf8.error
+    splits = []
+    for name, prefix in cfg.data.split_prefixes():
+        base = Path(prefix).expanduser()
+        scans = [
+            scan_file(Path(f"{base}.{lang}"), cfg.chunk_lines, check_utf8)
+            for lang in (cfg.data.src, cfg.data.tgt)
+        ]
+        check_parallel(*scans)
+        if name == "train" and scans[0].lines == 0:
+            raise NmtError(
+                f"data.trainpref={prefix}: the training files are empty; give the prefix of "
+                "files with text"
+            )
+        splits.append(SplitInput(name, scans[0], scans[1], is_train=name == "train"))
+    return splits
+
+
+def _check_dest(dest: Path, overwrite: bool) -> None:
+    """May a data dir be written at `dest`? Only where nothing, an empty directory, or (with
+    overwrite) an nmt data dir is."""
+    ancestor = dest.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NmtError(f"data.dest={dest}: {ancestor} is not a directory; choose another data.dest")
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise NmtError(f"data.dest={dest}: exists and is not a directory; choose another data.dest")
+    if (dest / META_FILE).is_file():
+        if not overwrite:
+            raise NmtError(
+                f"data.dest={dest}: a data dir already exists there; "
+                "set overwrite=true to replace it"
+            )
+    elif any(dest.iterdir()):
+        # never delete what nmt did not write, even with overwrite=true
+        raise NmtError(
+            f"data.dest={dest}: exists, is not empty and is not an nmt data dir "
+            "(no meta.json); choose another data.dest"
+        )
+
+
+def _empty_train_message(cfg: PreprocessConfig, stats: SplitStats) -> str:
+    removed = ", ".join(f"{rule} {n}" for rule, n in stats.removed.items() if n)
+    return (
+        f"data.trainpref={cfg.data.trainpref}: no training pairs left after cleaning "
+        f"({stats.lines} lines; removed: {removed or 'none'}); check the files or relax "
+        "clean.remove_empty, clean.max_pieces, clean.max_ratio"
+    )
+
+
+def _plain(obj: Any) -> Any:
+    """The config as plain YAML/JSON values (enums by value)."""
+    if hasattr(obj, "__dataclass_fields__"):
+        obj = asdict(obj)
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Enum):
+        return obj.value
+    return obj
