@@ -173,14 +173,7 @@ class GenerateConfig(SearchConfig):
     debug: bool = False  # tracebacks instead of one-line errors
 
     def validate(self) -> None:
-        super().validate()
-        if self.checkpoint is None or self.checkpoint == "" or self.checkpoint == []:
-            raise _bad(
-                "checkpoint",
-                self.checkpoint,
-                "no checkpoint given",
-                "pass checkpoint=FILE, or checkpoint=[a.pt,b.pt] for an ensemble",
-            )
+        super().validate()  # (checkpoint= is checked when loading: --cfg works without it)
         _choice("format", self.format, FORMATS)
         for key in ("precision", "dtype"):
             if getattr(self, key) is not None:

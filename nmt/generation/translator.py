@@ -70,8 +70,13 @@ class TargetScore:
 
 def checkpoint_paths(checkpoint: PathLike | Sequence[PathLike]) -> list[str]:
     """One checkpoint path or several (an ensemble) as a non-empty list of str."""
+    if checkpoint is None or checkpoint == "":
+        raise NmtError(
+            "checkpoint=null: no checkpoint given; pass checkpoint=FILE, or "
+            "checkpoint=[a.pt,b.pt] for an ensemble"
+        )
     paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
-    if not paths or not all(isinstance(p, (str, os.PathLike)) and str(p) for p in paths):
+    if not paths or not all(isinstance(p, (str, os.PathLike)) and os.fspath(p) for p in paths):
         raise NmtError(
             f"checkpoint={checkpoint!r}: not a file name or a list of them; "
             "pass a checkpoint file, or a list of files for an ensemble"

@@ -421,6 +421,7 @@ def test_score_reference_scores_the_references(trained, demo_text, demo_corpus, 
         assert p[1] == " ".join(f"{x:.4f}" for x in s.token_scores)
     err = _error(capsys, f"checkpoint={trained}", f"input={demo_text}", "score_reference=true")
     assert "score_reference=true: there is nothing to score" in err
+    assert "checkpoint=null: no checkpoint given" in _error(capsys, f"input={demo_text}")
 
 
 def test_score_reference_on_a_data_dir_split(trained, demo_data_dir, capsys, tmp_path):
