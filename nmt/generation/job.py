@@ -48,7 +48,7 @@ def generate(cfg: GenerateConfig) -> int:
         max_sentences=cfg.max_sentences,
         overlong=cfg.overlong,
         alignment_layer=cfg.alignment_layer,
-        precision_key="precision" if cfg.precision is not None or cfg.dtype is None else "dtype",
+        precision_key="dtype" if cfg.precision is None and cfg.dtype is not None else "precision",
     )
     if cfg.dtype is not None:
         print(
