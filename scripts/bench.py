@@ -98,9 +98,7 @@ def work_generate(p: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from nmt.checkpoint import load_for_inference
-    from nmt.commands.generate import Translator
-    from nmt.generation.config import GenerateConfig
-    from nmt.generation.generator import SequenceGenerator
+    from nmt.generation.config import SearchConfig
     from nmt.generation.io import SourceEncoder, read_text_lines
 
     torch.set_num_threads(p["threads"])
@@ -117,17 +115,12 @@ def work_generate(p: dict[str, Any]) -> dict[str, Any]:
     )
     lines = list(read_text_lines(p["input"]))[: p["sentences"]]
     sources = encoder.encode(lines, 0)
-    cfg = GenerateConfig(
-        beam=p["beam"],
-        max_sentences=64,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
-        use_cache=p["use_cache"],
-        dtype="fp32",
+    search = SearchConfig(
+        beam=p["beam"], max_len_a=max_len_a, max_len_b=max_len_b, use_cache=p["use_cache"]
     )
-    translate = Translator(SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None)
-    translate(sources[:8])  # warm-up: first-call allocations and kernel selection
-    seconds, cpu_seconds, tokens = bench_generate.run(translate, sources, 1)
+    translator = bench_generate.bench_translator(bundle, search, 64)
+    translator.translate_ids([s.ids for s in sources[:8]])  # warm-up: first-call allocations
+    seconds, cpu_seconds, tokens = bench_generate.run(translator, sources, 1)
     return {
         "sentences": len(sources),
         "seconds": seconds,

@@ -28,13 +28,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nmt.checkpoint import InferenceBundle, load_for_inference  # noqa: E402
-from nmt.commands.generate import Translator  # noqa: E402
 from nmt.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
-from nmt.generation.config import GenerateConfig  # noqa: E402
-from nmt.generation.generator import SequenceGenerator  # noqa: E402
+from nmt.generation.config import SearchConfig  # noqa: E402
 from nmt.generation.io import SourceEncoder, read_text_lines  # noqa: E402
+from nmt.generation.translator import Translator  # noqa: E402
 from nmt.model.config import ModelConfig  # noqa: E402
 from nmt.model.transformer import Transformer  # noqa: E402
+from nmt.runtime import Runtime  # noqa: E402
 
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 
@@ -69,18 +69,33 @@ def random_small(spm_cache: Path) -> InferenceBundle:
     )
 
 
-def run(translate: Translator, sources: list, repeat: int) -> tuple[float, float, int]:
+def bench_translator(
+    bundle: InferenceBundle, search: SearchConfig, batch: int, precision: str = "fp32"
+) -> Translator:
+    """A Translator of the bundle's model on the CPU, as nmt-generate builds one."""
+    return Translator(
+        [bundle.model],
+        bundle.src_tokenizer,
+        bundle.tgt_tokenizer,
+        search=search,
+        runtime=Runtime(torch.device("cpu"), precision),
+        max_sentences=batch,
+    )
+
+
+def run(translator: Translator, sources: list, repeat: int) -> tuple[float, float, int]:
     """Best wall time of `repeat` passes over all sources, that pass's CPU time (all
     threads of this process: on a busy machine the work's own cost), and the target
     tokens produced (EOS included, as fairseq counts)."""
     best, cpu, tokens = float("inf"), 0.0, 0
+    ids = [s.ids for s in sources]
     for _ in range(repeat):
         start, start_cpu = time.perf_counter(), time.process_time()
-        results = translate(sources)
+        results = translator.translate_ids(ids)
         wall = time.perf_counter() - start
         if wall < best:
             best, cpu = wall, time.process_time() - start_cpu
-        tokens = sum(len(h[0].tokens) for h in results.values())
+        tokens = sum(len(h[0].tokens) for h in results if h)
     return best, cpu, tokens
 
 
@@ -143,15 +158,10 @@ def main() -> None:
     ]
 
     def translator(use_cache: bool) -> Translator:
-        cfg = GenerateConfig(
-            beam=args.beam,
-            max_sentences=args.batch,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            use_cache=use_cache,
-            dtype=args.dtype,
+        search = SearchConfig(
+            beam=args.beam, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache
         )
-        return Translator(SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None)
+        return bench_translator(bundle, search, args.batch, args.dtype)
 
     print(
         f"model: {'random ' if random_model else ''}{args.checkpoint or 'transformer_small'} "
@@ -160,7 +170,9 @@ def main() -> None:
         f"{args.threads} threads, {args.dtype}, max_len = {max_len_a} * src + {max_len_b}"
     )
     cached = translator(True)
-    cached(sources[: args.batch])  # warm-up: first-call allocations and kernel selection
+    cached.translate_ids(
+        [s.ids for s in sources[: args.batch]]
+    )  # warm-up: first-call allocations and kernel selection
     seconds, cpu, tokens = run(cached, sources, args.repeat)
     print(
         f"cached:   {len(sources) / seconds:7.1f} sentences/s  {tokens / seconds:8.0f} target tokens/s"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -28,11 +29,10 @@ from paired_revision import REPO, import_both
 
 
 def translator(package: str, args: argparse.Namespace):
-    """(translate, sources, detokenize) of one code version."""
+    """(translate, sources, batches) of one code version; translate(batch of Sources)
+    -> {source index: hypotheses}."""
     checkpoint = importlib.import_module(f"{package}.checkpoint")
-    generate = importlib.import_module(f"{package}.commands.generate")
     config = importlib.import_module(f"{package}.generation.config")
-    generator = importlib.import_module(f"{package}.generation.generator")
     io = importlib.import_module(f"{package}.generation.io")
     bundle = checkpoint.load_for_inference(args.checkpoint)
     model = bundle.model
@@ -40,17 +40,32 @@ def translator(package: str, args: argparse.Namespace):
         bundle.src_tokenizer, False, model.cfg.max_source_positions, "truncate", args.input
     )
     sources = encoder.encode(list(io.read_text_lines(args.input)), 0)
-    cfg = config.GenerateConfig(
-        beam=args.beam,
+    batches = io.make_batches(sources, 0, args.batch)
+    search = dict(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b)
+    if importlib.util.find_spec(f"{package}.generation.translator") is None:
+        # Revisions before the Translator library: nmt.commands.generate.Translator.
+        generate = importlib.import_module(f"{package}.commands.generate")
+        generator = importlib.import_module(f"{package}.generation.generator")
+        cfg = config.GenerateConfig(**search, max_sentences=args.batch, dtype=args.dtype)
+        old = generate.Translator(
+            generator.SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None
+        )
+        return old, sources, batches
+    library = importlib.import_module(f"{package}.generation.translator")
+    runtime = importlib.import_module(f"{package}.runtime")
+    core = library.Translator(
+        [model],
+        bundle.src_tokenizer,
+        bundle.tgt_tokenizer,
+        search=config.SearchConfig(**search),
+        runtime=runtime.Runtime(torch.device("cpu"), args.dtype),
         max_sentences=args.batch,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        dtype=args.dtype,
     )
-    translate = generate.Translator(
-        generator.SequenceGenerator([model], cfg), cfg, torch.device("cpu"), None
-    )
-    return translate, sources, io.make_batches(sources, cfg.max_tokens, cfg.max_sentences)
+
+    def translate(batch: list) -> dict:
+        return dict(zip((s.index for s in batch), core.translate_ids([s.ids for s in batch])))
+
+    return translate, sources, batches
 
 
 def main() -> None:

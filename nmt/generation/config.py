@@ -2,19 +2,36 @@
 
 GenerateConfig extends SearchConfig, so the search options sit at the top level where
 fairseq users look for them (`beam=5 lenpen=0.6`), while the generator receives only the
-part it uses.
+part it uses. Every check raises NmtError in one style: `option=value: what is wrong;
+what to do`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from nmt.errors import NmtError
 
 FORMATS = ("plain", "fairseq")
-DTYPES = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")  # as nmt.runtime.PRECISIONS (which imports torch)
 OVERLONG = ("truncate", "error")
+
+
+def _fmt(value: Any) -> str:
+    """A value as the user would write it on the command line."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+def _bad(key: str, value: Any, problem: str, fix: str) -> NmtError:
+    return NmtError(f"{key}={_fmt(value)}: {problem}; {fix}")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise _bad(key, value, "unknown", f"use one of {', '.join(choices)}")
 
 
 @dataclass
@@ -37,32 +54,99 @@ class SearchConfig:
     use_cache: bool = True  # incremental decoding with a KV cache (false: re-run the prefix; slow)
 
     def validate(self) -> None:
-        """Raise NmtError naming the first key that cannot work."""
+        """Raise NmtError naming the first option that cannot work."""
         if self.beam < 1:
-            raise NmtError(f"beam: {self.beam}; use 1 (greedy) or more")
-        if not 1 <= self.nbest <= self.beam:
-            raise NmtError(f"nbest: {self.nbest}; it must be between 1 and beam={self.beam}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise NmtError("max_len_a, max_len_b: must not be negative")
+            raise _bad("beam", self.beam, "must be 1 or more", "use 1 for greedy search")
+        check_nbest(self.nbest, self.beam)
+        for key in ("max_len_a", "max_len_b"):
+            if getattr(self, key) < 0:
+                raise _bad(
+                    key,
+                    getattr(self, key),
+                    "must not be negative",
+                    "the longest output is max_len_a * source length + max_len_b",
+                )
         if self.min_len < 0:
-            raise NmtError(f"min_len: {self.min_len}; must not be negative")
+            raise _bad("min_len", self.min_len, "must not be negative", "use 0 for no minimum")
         if self.no_repeat_ngram_size < 0:
-            raise NmtError(
-                f"no_repeat_ngram_size: {self.no_repeat_ngram_size}; use 0 (off) or more"
+            raise _bad(
+                "no_repeat_ngram_size",
+                self.no_repeat_ngram_size,
+                "must not be negative",
+                "use 0 to allow repeats",
             )
         if self.sampling_topk < 0:
-            raise NmtError(f"sampling_topk: {self.sampling_topk}; use 0 (off) or more")
+            raise _bad(
+                "sampling_topk",
+                self.sampling_topk,
+                "must not be negative",
+                "use 0 to sample from every token",
+            )
         if not 0.0 < self.sampling_topp <= 1.0:
-            raise NmtError(f"sampling_topp: {self.sampling_topp}; use a value in (0, 1]")
+            raise _bad(
+                "sampling_topp",
+                self.sampling_topp,
+                "must be in (0, 1]",
+                "use 1.0 to sample from every token",
+            )
         if not self.temperature > 0:
-            raise NmtError(f"temperature: {self.temperature}; must be positive")
-        if (self.sampling_topk or self.sampling_topp < 1.0) and not self.sampling:
-            raise NmtError("sampling_topk / sampling_topp: set sampling=true to sample")
+            raise _bad(
+                "temperature",
+                self.temperature,
+                "must be positive",
+                "use 1.0 for the model's own distribution",
+            )
+        if not self.sampling:
+            if self.sampling_topk:
+                raise _bad(
+                    "sampling_topk",
+                    self.sampling_topk,
+                    "applies to sampling only",
+                    "add sampling=true",
+                )
+            if self.sampling_topp < 1.0:
+                raise _bad(
+                    "sampling_topp",
+                    self.sampling_topp,
+                    "applies to sampling only",
+                    "add sampling=true",
+                )
+
+
+def check_nbest(nbest: int, beam: int) -> None:
+    """nbest must be between 1 and the beam (also checked per call by Translator)."""
+    if not 1 <= nbest <= beam:
+        raise _bad(
+            "nbest",
+            nbest,
+            f"must be between 1 and beam={beam}",
+            "raise beam or lower nbest",
+        )
+
+
+def check_batching(max_tokens: int, max_sentences: int, overlong: str) -> None:
+    """The batching options of Translator and nmt-generate."""
+    if max_tokens < 0:
+        raise _bad("max_tokens", max_tokens, "must not be negative", "use 0 for no token limit")
+    if max_sentences < 1:
+        raise _bad(
+            "max_sentences",
+            max_sentences,
+            "must be 1 or more",
+            "use 64 for batches of 64 sentences",
+        )
+    _choice("overlong", overlong, OVERLONG)
+
+
+def search_config(options: Any) -> SearchConfig:
+    """The SearchConfig part of any object with its fields (e.g. a GenerateConfig)."""
+    return SearchConfig(**{f.name: getattr(options, f.name) for f in fields(SearchConfig)})
 
 
 @dataclass
 class GenerateConfig(SearchConfig):
-    """nmt-generate: translate text (a file or stdin) or a data dir split."""
+    """nmt-generate: translate text (a file or stdin) or a data dir split, or score
+    given translations (score_reference)."""
 
     # The key is not `model`: that name is the config group of model presets in configs/.
     checkpoint: Any = None  # checkpoint file, or a list [a.pt,b.pt] to ensemble (required)
@@ -74,32 +158,69 @@ class GenerateConfig(SearchConfig):
     print_alignment: bool = False  # fairseq format: A- lines (hard alignment from attention)
     alignment_layer: int = -1  # decoder layer whose attention gives alignments; -1 = last
     prefix: Optional[str] = None  # target text every translation must start with
+    prefix_file: Optional[str] = None  # one target prefix per input line ("" = none)
+    score_reference: bool = False  # score the references (ref= or the split's target side)
     max_tokens: int = 0  # source tokens per batch (padding included); 0 = no limit
     max_sentences: int = 64  # sentences per batch
     buffer_size: int = 10000  # lines read ahead and sorted by length (file or piped input)
     interactive: Optional[bool] = None  # translate each line as soon as read; null = for stdin
     overlong: str = "truncate"  # source longer than the model accepts: truncate (warn) or error
     device: str = "auto"  # cpu, cuda, cuda:1, or auto (cuda when available)
-    dtype: str = "fp32"  # fp32, bf16 or fp16 (autocast; fp16 needs cuda)
+    precision: Optional[str] = None  # fp32, bf16 or fp16 (autocast; fp16 needs cuda); null = fp32
+    dtype: Optional[str] = None  # deprecated: the old name of precision
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     progress: bool = True  # tqdm bar on stderr for file input
     debug: bool = False  # tracebacks instead of one-line errors
 
     def validate(self) -> None:
-        super().validate()
-        if self.format not in FORMATS:
-            raise NmtError(f"format: {self.format!r}; choose from {', '.join(FORMATS)}")
-        if self.dtype not in DTYPES:
-            raise NmtError(f"dtype: {self.dtype!r}; choose from {', '.join(DTYPES)}")
-        if self.overlong not in OVERLONG:
-            raise NmtError(f"overlong: {self.overlong!r}; choose from {', '.join(OVERLONG)}")
-        if self.max_tokens < 0 or self.max_sentences < 1:
-            raise NmtError("max_tokens must be >= 0 and max_sentences >= 1")
+        super().validate()  # (checkpoint= is checked when loading: --cfg works without it)
+        _choice("format", self.format, FORMATS)
+        for key in ("precision", "dtype"):
+            if getattr(self, key) is not None:
+                _choice(key, getattr(self, key), PRECISIONS)
+        if self.precision is not None and self.dtype is not None and self.precision != self.dtype:
+            raise NmtError(
+                f"precision={self.precision}, dtype={self.dtype}: dtype= is the old name of "
+                "precision=, and the two differ; give precision= only"
+            )
+        check_batching(self.max_tokens, self.max_sentences, self.overlong)
         if self.buffer_size < 1:
-            raise NmtError(f"buffer_size: {self.buffer_size}; must be at least 1")
+            raise _bad("buffer_size", self.buffer_size, "must be 1 or more", "e.g. 10000 lines")
         if self.threads < 0:
-            raise NmtError(f"threads: {self.threads}; use 0 (default) or more")
+            raise _bad("threads", self.threads, "must not be negative", "use 0 for torch's default")
         if self.print_alignment and self.format != "fairseq":
-            raise NmtError("print_alignment: A- lines need format=fairseq")
+            raise _bad(
+                "print_alignment", True, "A- lines need format=fairseq", "add format=fairseq"
+            )
         if self.split is not None and self.ref is not None:
-            raise NmtError("ref: a data dir split has its own references; drop ref=")
+            raise _bad("ref", self.ref, "a data dir split has its own references", "drop ref=")
+        if self.prefix and self.prefix_file:
+            raise _bad(
+                "prefix_file",
+                self.prefix_file,
+                "given together with prefix=",
+                "use prefix= (one for all lines) or prefix_file= (one per line)",
+            )
+        if self.score_reference:
+            self._validate_score_reference()
+
+    def _validate_score_reference(self) -> None:
+        if self.split is None and self.ref is None:
+            raise _bad(
+                "score_reference",
+                True,
+                "there is nothing to score",
+                "give ref=FILE (the translations of input=) or a data dir split",
+            )
+        for key, problem in (
+            ("prefix", "a reference is scored as it is"),
+            ("prefix_file", "a reference is scored as it is"),
+            ("print_alignment", "scoring prints no alignments"),
+        ):
+            if getattr(self, key):
+                raise _bad(key, getattr(self, key), problem, f"drop {key}= with score_reference")
+
+    @property
+    def resolved_precision(self) -> str:
+        """precision=, else the deprecated dtype=, else fp32."""
+        return self.precision or self.dtype or "fp32"

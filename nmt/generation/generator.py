@@ -6,9 +6,10 @@ R = N*K decoder rows, S source length, V target vocabulary, t tokens generated s
 The source is encoded once and expanded to K rows per sentence; each step feeds only the
 newest token through the decoder (its KV cache holds the rest), scores the candidates with
 search.py, files the ones ending in EOS as finished hypotheses, and reorders the cache by
-the beams that survive. A sentence is finished when it has K finished hypotheses (or
-reached its length limit); finished sentences leave the batch, so the remaining steps
-cost less.
+the beams that survive. The search's rules (penalties, length limits, forced prefixes)
+are logit processors (processors.py), applied in one call per step. A sentence is
+finished when it has K finished hypotheses (or reached its length limit); finished
+sentences leave the batch, so the remaining steps cost less.
 Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
 """
 
@@ -20,16 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from nmt.data.vocab import BOS, EOS, PAD, UNK
+from nmt.data.vocab import EOS, PAD
 from nmt.generation.config import SearchConfig
-from nmt.generation.search import (
-    NEG_INF,
-    beam_candidates,
-    block_repeated_ngrams,
-    length_penalty,
-    sample_candidates,
-    select_active,
-)
+from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors
+from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
 from nmt.model.cache import CacheMemory
 
 
@@ -91,27 +86,36 @@ class _Finished:
 
     def add(
         self,
-        sid: Tensor,
-        slot: Tensor,
-        prefix: Tensor,
-        prefix_pos: Tensor,
-        last_lp: Tensor,
-        score: Tensor,
-        attn: Tensor | None,
+        step: int,
+        sent: Tensor,
+        finishing: Tensor,
+        cand: tuple[Tensor, Tensor, Tensor],
+        history: tuple[Tensor, Tensor, Tensor | None],
+        step_attn: Tensor | None,
+        lenpen: float,
     ) -> None:
-        """F hypotheses ending in EOS now: sentence sid [F], slot [F], tokens before EOS
-        prefix [F,t] with their log-probs prefix_pos [F,t], EOS's log-prob last_lp [F],
-        normalized score [F], attention [F,t+1,S] | None."""
-        t = prefix.size(1)
-        self.tokens[sid, slot, :t] = prefix
+        """File the candidates `finishing` [N,K] (EOS among a sentence's top K) into free
+        slots, in rank order. sent [N]: the batch index of each active sentence;
+        cand = (lprobs, scores, origins) [N,C] of the step's candidates; history = (tokens
+        [R,1+t], their log-probs [R,t], attention [R,t,S] | None) of the active rows."""
+        k, t = self.k, step  # t tokens precede the EOS
+        cand_lp, cand_scores, cand_origins = cand
+        tokens, pos_scores, attn_hist = history
+        slots = self.count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
+        ni, ci = (finishing & slots.lt(k)).nonzero(as_tuple=True)  # [F], at most K each
+        rows = ni * k + cand_origins[ni, ci]  # [F] the hypotheses they extend
+        sid, slot = sent[ni], slots[ni, ci]  # [F] where they go
+        self.tokens[sid, slot, :t] = tokens[rows, 1:]
         self.tokens[sid, slot, t] = EOS
-        self.pos[sid, slot, :t] = prefix_pos
-        self.pos[sid, slot, t] = last_lp
-        self.scores[sid, slot] = score
+        self.pos[sid, slot, :t] = pos_scores[rows]
+        self.pos[sid, slot, t] = cand_lp[ni, ci]
+        self.scores[sid, slot] = cand_scores[ni, ci] / length_penalty(t + 1, lenpen)
         self.lengths[sid, slot] = t + 1
         self.count.index_add_(0, sid, torch.ones_like(sid))
-        if self.attn is not None and attn is not None:
-            self.attn[sid, slot, : t + 1] = attn
+        if self.attn is not None and attn_hist is not None and step_attn is not None:
+            self.attn[sid, slot, : t + 1] = torch.cat(
+                [attn_hist[rows], step_attn[rows].unsqueeze(1)], dim=1
+            )  # [F,t+1,S]
 
     def collect(self, nbest: int) -> list[list[Hypothesis]]:
         """Per sentence, its nbest hypotheses, best first (on the CPU)."""
@@ -154,6 +158,7 @@ class SequenceGenerator:
 
     Ensemble members must share the target vocabulary; their log-probabilities are
     averaged. Models must be in eval mode; autocast (bf16/fp16) is the caller's context.
+    One generator decodes one batch at a time (its cache memory is shared by its calls).
     """
 
     def __init__(
@@ -164,6 +169,7 @@ class SequenceGenerator:
         self.search = search
         self.attn_layer = attn_layer
         self.beam = search.beam
+        self.processors = LogitProcessors.from_search(search)
         # Longest output: the decoder input at the last step (max_len + 1 tokens) must fit.
         self.max_positions = min(m.cfg.max_target_positions for m in self.models) - 1
         self._cache_memory = [CacheMemory() for _ in self.models]
@@ -192,17 +198,14 @@ class SequenceGenerator:
         limit = (s.max_len_a * src_lengths.double() + s.max_len_b).floor().long()
         return limit.clamp(min=1, max=self.max_positions)
 
-    def _lprobs(self, members: list[_Member], tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _lprobs(
+        self, members: list[_Member], tokens: Tensor, attn_layer: int | None
+    ) -> tuple[Tensor, Tensor | None]:
         """Next-token log-probs [R,V] (ensemble mean) and attention [R,S] | None."""
         lprobs, attn = [], []
         for m in members:
-            logits, a = m.step(tokens, self.attn_layer)
-            logits = logits.float().contiguous()  # [R,V]
-            if self.search.temperature != 1.0:
-                logits = logits / self.search.temperature
-            # In place: the logits are this step's own, and writing a fresh [R,V] tensor
-            # every step costs twice the log-softmax (page faults on a CPU)
-            lprobs.append(torch.log_softmax(logits, dim=-1, out=logits))
+            logits, a = m.step(tokens, attn_layer)
+            lprobs.append(self.processors.log_probs(logits.float().contiguous()))  # [R,V]
             if a is not None:
                 attn.append(a)
         lp = lprobs[0] if len(lprobs) == 1 else torch.stack(lprobs).mean(0)
@@ -211,12 +214,21 @@ class SequenceGenerator:
 
     @torch.inference_mode()
     def generate(
-        self, src_tokens: Tensor, prefix_tokens: Tensor | None = None
+        self,
+        src_tokens: Tensor,
+        prefix_tokens: Tensor | None = None,
+        *,
+        nbest: int | None = None,
+        attn_layer: int | None = None,
     ) -> list[list[Hypothesis]]:
         """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
         (right-padded with PAD) to force at the start of each output. Returns, per
-        sentence, up to nbest hypotheses, best first."""
+        sentence, up to `nbest` (default: the search's) hypotheses, best first, with the
+        attention of decoder layer `attn_layer` (default: the generator's) when set."""
         s, k = self.search, self.beam
+        nbest = s.nbest if nbest is None else nbest
+        attn_layer = self.attn_layer if attn_layer is None else attn_layer
+        want_attn = attn_layer is not None
         device = src_tokens.device
         bsz, src_len = src_tokens.shape
         max_lens = self.max_lengths(src_tokens.ne(PAD).sum(1))  # [B]
@@ -226,9 +238,8 @@ class SequenceGenerator:
             _Member(m, src_tokens, expand, self._cache_args(i, longest + 1))
             for i, m in enumerate(self.models)
         ]
-        want_attn = self.attn_layer is not None
-
         finished = _Finished(bsz, k, longest, src_len, want_attn, device)
+        forced = ForcedTokens(prefix_tokens, max_lens, k)
 
         # Active state: rows are sentence-major (row = n*K + beam).
         sent = torch.arange(bsz, device=device)  # [N] original index of each active sentence
@@ -239,30 +250,11 @@ class SequenceGenerator:
         if not s.sampling:
             # All K start states are the same; extending only the first avoids K copies.
             scores[:, 1:] = NEG_INF
-        prefix = prefix_tokens
-        if prefix is not None and (prefix.eq(EOS) | prefix.eq(BOS)).any():
-            raise ValueError("prefix_tokens must not contain EOS or BOS")
-        row_max = max_lens.repeat_interleave(k)  # [R]
-        min_row_max = int(max_lens.min())
 
         for step in range(longest + 1):
             n = sent.numel()
-            lp, step_attn = self._lprobs(members, tokens)  # [R,V], [R,S] | None
-            forced = self._forced_tokens(step, prefix, row_max, min_row_max)  # ([F], [F]) | None
-            if forced is not None:
-                f_rows, f_tokens = forced
-                f_lp = lp[f_rows, f_tokens]  # the model's own log-prob, before any penalty
-            lp[:, (PAD, BOS)] = NEG_INF  # never generated
-            if s.unkpen:
-                lp[:, UNK] -= s.unkpen
-            if step < s.min_len:
-                lp[:, EOS] = NEG_INF
-            if s.no_repeat_ngram_size:
-                block_repeated_ngrams(tokens[:, 1:], lp, s.no_repeat_ngram_size)
-            if forced is not None:  # forced rows may only produce their token
-                lp[f_rows] = NEG_INF
-                lp[f_rows, f_tokens] = f_lp
-
+            lp, step_attn = self._lprobs(members, tokens, attn_layer)  # [R,V], [R,S] | None
+            self.processors(lp, step, tokens, forced)
             lp3 = lp.view(n, k, -1)  # [N,K,V]
             if s.sampling:
                 cand = sample_candidates(lp3, scores, s.sampling_topk, s.sampling_topp, self.rng)
@@ -274,22 +266,14 @@ class SequenceGenerator:
             # Only EOS candidates among the top K finish a hypothesis (fairseq).
             finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
             if bool(finishing.any()):
-                slot = finished.count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
-                ni, ci = (finishing & slot.lt(k)).nonzero(as_tuple=True)  # at most K each
-                rows = ni * k + cand_origins[ni, ci]  # the hypotheses they extend
-                attn = (
-                    None
-                    if not want_attn
-                    else torch.cat([attn_hist[rows], step_attn[rows].unsqueeze(1)], dim=1)
-                )
                 finished.add(
-                    sent[ni],
-                    slot[ni, ci],
-                    tokens[rows, 1:],
-                    pos_scores[rows],
-                    cand_lp[ni, ci],
-                    cand_scores[ni, ci] / length_penalty(step + 1, s.lenpen),
-                    attn,
+                    step,
+                    sent,
+                    finishing,
+                    (cand_lp, cand_scores, cand_origins),
+                    (tokens, pos_scores, attn_hist),
+                    step_attn,
+                    s.lenpen,
                 )
 
             if s.sampling:  # each row keeps its own sample; one that ended is dead (-inf)
@@ -314,12 +298,10 @@ class SequenceGenerator:
             else:
                 kept = (~done).nonzero().squeeze(1)  # [N']
                 sent, max_lens = sent[kept], max_lens[kept]
-                row_max = row_max.view(n, k)[kept].view(-1)
+                forced.keep(kept, max_lens)
                 scores, act_tokens, act_origins, act_lp = (
                     t[kept] for t in (scores, act_tokens, act_origins, act_lp)
                 )
-                prefix = None if prefix is None else prefix[kept]
-                min_row_max = int(max_lens.min())
             order = (kept.unsqueeze(1) * k + act_origins).view(-1)  # [R'] rows they extend
             # Greedy and sampling extend every row from itself: nothing moves unless the
             # batch shrank, so the cache copy is skipped.
@@ -330,27 +312,8 @@ class SequenceGenerator:
                 tokens, pos_scores = tokens[order], pos_scores[order]
             tokens = torch.cat([tokens, act_tokens.view(-1, 1)], dim=1)
             pos_scores = torch.cat([pos_scores, act_lp.view(-1, 1)], dim=1)
-            if want_attn:
+            if attn_hist is not None and step_attn is not None:
                 attn_hist = torch.cat([attn_hist, step_attn.unsqueeze(1)], dim=1)
                 attn_hist = attn_hist if unmoved else attn_hist[order]
 
-        return finished.collect(s.nbest)
-
-    def _forced_tokens(
-        self, step: int, prefix: Tensor | None, row_max: Tensor, min_row_max: int
-    ) -> tuple[Tensor, Tensor] | None:
-        """(rows [F], tokens [F]) that must be produced at this step, or None.
-
-        A prefix token is forced while the prefix lasts; EOS once a row reaches its length
-        limit (that wins over the prefix)."""
-        in_prefix = prefix is not None and step < prefix.size(1)
-        if not in_prefix and step < min_row_max:
-            return None
-        forced = torch.full_like(row_max, -1)  # [R], -1 = free
-        if in_prefix:
-            col = prefix[:, step].repeat_interleave(self.beam)  # [R]
-            forced = torch.where(col.eq(PAD), forced, col)
-        if step >= min_row_max:
-            forced = torch.where(row_max.le(step), EOS, forced)
-        rows = forced.ge(0).nonzero().squeeze(1)
-        return (rows, forced[rows]) if rows.numel() else None
+        return finished.collect(nbest)

@@ -1,4 +1,4 @@
-"""Input and output of nmt-generate: streamed sources, batches, formatted translations.
+"""Input and output of nmt-generate: streamed sources, formatted translations, the output file.
 
 Inputs are read lazily (a text file or stdin line by line, a binarized split sentence by
 sentence) so that any size of input runs in constant memory. Every input line becomes
@@ -9,24 +9,29 @@ empty, an over-long one is truncated with a warning (or refused, on request).
 from __future__ import annotations
 
 import itertools
-import os
 import sys
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import numpy as np
-import sentencepiece as spm
 import torch
 from tqdm import tqdm
 
-from nmt.data.batching import pack
-from nmt.data.tokenizer import Tokenizer, normalize_text
-from nmt.data.vocab import EOS, PAD
+from nmt.data.binarize import TokenArray
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
+from nmt.fsutil import atomic_write, remove_stale_temps
+from nmt.generation.encoding import (
+    PieceNames,
+    TextEncoder,
+    alignment_pairs,
+    length_batches,
+    pad_batch,
+    target_ids,
+)
 from nmt.generation.generator import Hypothesis
 
 BOM = "\ufeff"
@@ -40,9 +45,11 @@ class Source:
     ids: np.ndarray  # int64 source ids ending in EOS; empty for an empty line
     text: str  # the normalized source text
     ref: str | None = None  # reference translation, when known
+    ref_ids: np.ndarray | None = None  # the reference's ids as stored (data dir splits)
+    prefix: str | None = None  # target prefix for this sentence (prefix_file); "" = none
 
 
-def warn(message: str) -> None:
+def print_warning(message: str) -> None:
     """A warning on stderr that does not break a running progress bar."""
     tqdm.write(f"nmt-generate: warning: {message}", file=sys.stderr)
 
@@ -57,11 +64,13 @@ def count_lines(path: str) -> int:
     return count + (last != b"\n")
 
 
-def read_text_lines(path: str) -> Iterator[str]:
-    """Decoded lines of a UTF-8 file or stdin ("-"), split at "\\n" only, read lazily."""
+def read_text_lines(path: str, key: str = "input") -> Iterator[str]:
+    """Decoded lines of a UTF-8 file or stdin ("-"), split at "\\n" only, read lazily.
+
+    `key` is the option that named the file, for the message when it does not exist."""
     name = "stdin" if path == "-" else path
     if path != "-" and not Path(path).is_file():
-        raise NmtError(f"input {path}: no such file")
+        raise NmtError(f"{key}={path}: no such file; name an existing text file")
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")
     try:
         for number, raw in enumerate(iter(stream.readline, b""), start=1):
@@ -77,51 +86,34 @@ def read_text_lines(path: str) -> Iterator[str]:
             stream.close()
 
 
-class SourceEncoder:
-    """Raw text -> Source: normalization as preprocess did, SentencePiece, EOS, length cap."""
+class SourceEncoder(TextEncoder):
+    """Raw lines -> Sources: normalization as preprocess did, SentencePiece, EOS, length
+    cap; warnings go to stderr above the progress bar unless `warn` says otherwise."""
 
     def __init__(
-        self, tokenizer: Tokenizer, nfkc: bool, max_positions: int, overlong: str, where: str
+        self,
+        tokenizer: Tokenizer,
+        nfkc: bool,
+        max_positions: int,
+        overlong: str,
+        where: str,
+        warn: Callable[[str], None] | None = None,
     ):
-        self.tokenizer = tokenizer
-        self.nfkc = nfkc
-        self.max_positions = max_positions  # source tokens the model accepts, EOS included
-        self.overlong = overlong
-        self.where = where  # input name for messages
-
-    def fit(self, ids: np.ndarray, index: int) -> np.ndarray:
-        """Cut ids (EOS included) to the model's source positions, warning or failing."""
-        if len(ids) <= self.max_positions:
-            return ids
-        message = (
-            f"{self.where}:{index + 1}: {len(ids)} tokens, the model accepts {self.max_positions}"
-        )
-        if self.overlong == "error":
-            raise NmtError(f"{message}; shorten the line or set overlong=truncate")
-        warn(
-            f"{message}; truncated to its first {self.max_positions - 1} tokens "
-            "(overlong=error refuses such lines)"
-        )
-        return np.concatenate([ids[: self.max_positions - 1], ids[-1:]])
+        super().__init__(tokenizer, nfkc, max_positions, overlong, where, warn or print_warning)
 
     def encode(
         self, lines: Sequence[str], first_index: int, refs: Sequence[str | None] | None = None
     ) -> list[Source]:
-        texts = [normalize_text(line, self.nfkc) for line in lines]
-        encoded = self.tokenizer.encode_batch(texts)
-        out = []
-        for i, (text, ids) in enumerate(zip(texts, encoded)):
-            index = first_index + i
-            arr = np.asarray(ids + [EOS], dtype=np.int64) if text else np.zeros(0, np.int64)
-            out.append(
-                Source(
-                    index=index,
-                    ids=self.fit(arr, index),
-                    text=text,
-                    ref=None if refs is None else refs[i],
-                )
+        texts = self.normalize(lines)
+        return [
+            Source(
+                index=first_index + i,
+                ids=self.fit(ids, first_index + i),
+                text=text,
+                ref=None if refs is None else refs[i],
             )
-        return out
+            for i, (text, ids) in enumerate(zip(texts, self.to_ids(texts)))
+        ]
 
 
 def text_sources(
@@ -129,29 +121,58 @@ def text_sources(
 ) -> Iterator[list[Source]]:
     """Sources of a text file or stdin, `chunk` lines at a time, references zipped in."""
     lines = read_text_lines(path)
-    refs = None if ref_path is None else read_text_lines(ref_path)
+    refs = None if ref_path is None else AlignedLines(ref_path, "ref", path)
     index = 0
     while batch := list(itertools.islice(lines, chunk)):
-        batch_refs = None
-        if refs is not None:
-            batch_refs = [r.rstrip() for r in itertools.islice(refs, len(batch))]
-            if len(batch_refs) < len(batch):
-                raise NmtError(
-                    f"ref {ref_path}: {index + len(batch_refs)} lines, fewer than input "
-                    f"{path}; they must be line-aligned"
-                )
+        batch_refs = None if refs is None else [r.rstrip() for r in refs.take(len(batch))]
         yield encoder.encode(batch, index, batch_refs)
         index += len(batch)
-    if refs is not None and next(refs, None) is not None:
-        raise NmtError(
-            f"ref {ref_path}: more lines than the {index} of input {path}; they "
-            "must be line-aligned"
-        )
+    if refs is not None:
+        refs.check_exhausted()
+
+
+class AlignedLines:
+    """The lines of a side file (references, prefixes) taken in step with the input, so
+    that a count mismatch is an error naming the file even when the input is a stream."""
+
+    def __init__(self, path: str, key: str, input_name: str):
+        self.path, self.key, self.input_name = path, key, input_name
+        self.lines = read_text_lines(path, key)
+        self.taken = 0
+
+    def take(self, n: int) -> list[str]:
+        got = list(itertools.islice(self.lines, n))
+        self.taken += len(got)
+        if len(got) < n:
+            raise NmtError(
+                f"{self.path}: {self.taken} lines, fewer than input {self.input_name}; "
+                f"{self.key}= needs one line per input line"
+            )
+        return got
+
+    def check_exhausted(self) -> None:
+        if next(self.lines, None) is not None:
+            raise NmtError(
+                f"{self.path}: more lines than the {self.taken} of input {self.input_name}; "
+                f"{self.key}= needs one line per input line"
+            )
+
+
+def with_prefixes(
+    chunks: Iterator[list[Source]], path: str, input_name: str
+) -> Iterator[list[Source]]:
+    """The chunks with each Source's target prefix read from `path` (prefix_file)."""
+    prefixes = AlignedLines(path, "prefix_file", input_name)
+    for chunk in chunks:
+        for source, prefix in zip(chunk, prefixes.take(len(chunk))):
+            source.prefix = prefix
+        yield chunk
+    prefixes.check_exhausted()
 
 
 def split_sources(
-    src: Sequence[np.ndarray],
-    tgt: Sequence[np.ndarray] | None,
+    src: TokenArray | Sequence[np.ndarray],
+    tgt: TokenArray | Sequence[np.ndarray] | None,
     src_tok: Tokenizer,
     tgt_tok: Tokenizer,
     encoder: SourceEncoder,
@@ -164,13 +185,14 @@ def split_sources(
             ids = np.asarray(src[i], dtype=np.int64)
             if len(ids) <= 1:  # an empty line is stored as [EOS]
                 ids = np.zeros(0, np.int64)
-            ref = None if tgt is None else tgt_tok.decode(tgt[i])
+            ref_ids = None if tgt is None else np.asarray(tgt[i], dtype=np.int64)
             out.append(
                 Source(
                     index=i,
                     ids=encoder.fit(ids, i) if len(ids) else ids,
                     text=src_tok.decode(ids),
-                    ref=ref,
+                    ref=None if ref_ids is None else tgt_tok.decode(ref_ids),
+                    ref_ids=ref_ids,
                 )
             )
         yield out
@@ -179,29 +201,20 @@ def split_sources(
 def make_batches(
     sources: Sequence[Source], max_tokens: int, max_sentences: int
 ) -> list[list[Source]]:
-    """Non-empty sources sorted by length (longest first), packed within the budgets.
+    """Non-empty sources sorted by length (longest first), packed within the budgets
+    (encoding.length_batches).
 
     max_tokens counts padded source tokens (sentences x longest); 0 = no token limit.
     """
-    todo = [s for s in sources if len(s.ids)]
-    if not todo:
-        return []
-    lengths = np.array([len(s.ids) for s in todo], dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
-    budget = max_tokens if max_tokens > 0 else np.iinfo(np.int64).max
+    lengths = np.array([len(s.ids) for s in sources], dtype=np.int64)
     return [
-        [todo[i] for i in batch]
-        for batch in pack(order, lengths, max_tokens=budget, max_sentences=max_sentences)
+        [sources[i] for i in batch] for batch in length_batches(lengths, max_tokens, max_sentences)
     ]
 
 
 def collate(batch: Sequence[Source], device: torch.device) -> torch.Tensor:
     """Right-padded source ids [B,S]."""
-    longest = max(len(s.ids) for s in batch)
-    out = np.full((len(batch), longest), PAD, dtype=np.int64)
-    for row, s in enumerate(batch):
-        out[row, : len(s.ids)] = s.ids
-    return torch.from_numpy(out).to(device)
+    return pad_batch([s.ids for s in batch], device)
 
 
 class OutputWriter:
@@ -211,6 +224,8 @@ class OutputWriter:
     plain, nbest>1: Moses n-best lines `index ||| translation ||| score`.
     fairseq: S-/T-/H-/D-/P- (and A-) lines as fairseq-generate prints them; scores are
     natural-log probabilities (fairseq prints base 2).
+    scores_only (score_reference): plain prints the one hypothesis' score per line;
+    fairseq prints its lines as above (the hypothesis is the scored reference).
     """
 
     def __init__(
@@ -221,20 +236,24 @@ class OutputWriter:
         nbest: int,
         alignment: bool,
         flush: bool,
+        scores_only: bool = False,
     ):
         self.stream = stream
         self.tokenizer = tokenizer
-        self.pieces = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
+        self.pieces = PieceNames(tokenizer)
         self.fmt = fmt
         self.nbest = nbest
         self.alignment = alignment
         self.flush = flush
+        self.scores_only = scores_only
 
     def write(self, source: Source, hyps: list[Hypothesis]) -> str:
         """Write one source's output; returns its best translation (detokenized)."""
         texts = [self.tokenizer.decode(h.tokens) for h in hyps]
         best = texts[0] if texts else ""
-        if self.fmt == "plain" and self.nbest == 1:
+        if self.fmt == "plain" and self.scores_only:
+            lines = [f"{hyps[0].score:.4f}"]
+        elif self.fmt == "plain" and self.nbest == 1:
             lines = [best]
         elif self.fmt == "plain":
             lines = [f"{source.index} ||| {t} ||| {h.score:.4f}" for h, t in zip(hyps, texts)]
@@ -254,8 +273,7 @@ class OutputWriter:
         if not hyps:  # empty input: an empty hypothesis, so that every input has H-/D- lines
             return lines + [f"H-{i}\t0.0000\t", f"D-{i}\t0.0000\t", f"P-{i}\t"]
         for h, text in zip(hyps, texts):
-            ids = [t for t in h.tokens.tolist() if t != EOS]
-            pieces = " ".join(self.pieces.id_to_piece(ids)) if ids else ""
+            pieces = " ".join(self.pieces(target_ids(h)))
             lines += [
                 f"H-{i}\t{h.score:.4f}\t{pieces}",
                 f"D-{i}\t{h.score:.4f}\t{text}",
@@ -269,30 +287,22 @@ class OutputWriter:
 def hard_alignment(hyp: Hypothesis, src_len: int) -> str:
     """`src-tgt` pairs: each target token (EOS excluded) to the source token (EOS excluded)
     it attends to most."""
-    if hyp.attention is None or src_len <= 1 or len(hyp.tokens) <= 1:
-        return ""
-    attn = hyp.attention[: len(hyp.tokens) - 1, : src_len - 1]  # [T-1, S-1]
-    return " ".join(f"{s}-{t}" for t, s in enumerate(attn.argmax(dim=1).tolist()))
+    return " ".join(f"{s}-{t}" for s, t in alignment_pairs(hyp, src_len))
 
 
 @contextmanager
 def open_output(path: str) -> Iterator[IO[str]]:
-    """stdout, or a file written under a temporary name and renamed when complete, so a
-    failure never leaves a half-written translation file behind."""
+    """stdout, or a file written atomically (nmt.fsutil): a failure never leaves a
+    half-written translation file behind, and a killed run's temporary is removed by the
+    next run writing the same file."""
     if path == "-":
         yield sys.stdout
         sys.stdout.flush()
         return
     target = Path(path)
     if target.is_dir():
-        raise NmtError(f"output {path}: is a directory; name a file")
+        raise NmtError(f"output={path}: is a directory; name a file")
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    remove_stale_temps(target)
+    with atomic_write(target, "w") as f:
+        yield f

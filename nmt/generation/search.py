@@ -10,12 +10,10 @@ generator (generator.py) calls them once per decoding step.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-NEG_INF = -math.inf
+from nmt.generation.processors import NEG_INF, top_k, top_p
 
 
 def length_penalty(length: int | float | Tensor, lenpen: float) -> float | Tensor:
@@ -25,26 +23,6 @@ def length_penalty(length: int | float | Tensor, lenpen: float) -> float | Tenso
     favours longer hypotheses, < 1 shorter ones, 0 turns normalization off.
     """
     return length**lenpen
-
-
-def block_repeated_ngrams(history: Tensor, lprobs: Tensor, n: int) -> Tensor:
-    """Forbid (-inf, in place) every token that would repeat an n-gram of its row.
-
-    history [R,t] holds the tokens generated so far (without the leading EOS), lprobs
-    [R,V] the next-token log-probabilities of the same rows.
-    """
-    rows, t = history.shape
-    if n <= 0 or t < n:  # no complete n-gram yet, nothing can repeat
-        return lprobs
-    vocab = lprobs.size(1)
-    windows = history.unfold(1, n, 1)  # [R, t-n+1, n]: every n-gram of the row
-    suffix = history[:, t - n + 1 :]  # [R, n-1]: what the next token would extend
-    match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=2)  # [R, t-n+1]
-    # Banned next tokens; non-matching windows point at a spare column V that is dropped.
-    banned = torch.where(match, windows[:, :, -1], vocab)  # [R, t-n+1]
-    mask = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=lprobs.device)
-    mask.scatter_(1, banned, True)
-    return lprobs.masked_fill_(mask[:, :vocab], NEG_INF)
 
 
 def sentence_topk(
@@ -122,16 +100,8 @@ def sample_candidates(
     log-probability, as in fairseq. Returns (scores, tokens, origins) [N,K].
     """
     n, k, v = lprobs.shape
-    flat = lprobs.reshape(n * k, v)  # [N*K,V]
-    if topk > 0:
-        kept, kept_ids = flat.topk(min(topk, v), dim=1)  # [N*K,k'], sorted
-    else:
-        kept, kept_ids = flat.sort(dim=1, descending=True)  # [N*K,V]
-    probs = kept.exp()
-    if topp < 1.0:
-        # Keep a token while the mass before it is below topp (so the first always stays).
-        before = probs.cumsum(dim=1) - probs
-        probs = probs.masked_fill(before >= topp, 0.0)
+    kept, kept_ids = top_k(lprobs.reshape(n * k, v), topk)  # [N*K,C], best first
+    probs = top_p(kept.exp(), topp)
     choice = torch.multinomial(probs, 1, generator=generator)  # [N*K,1]
     tokens = kept_ids.gather(1, choice).view(n, k)
     step_lprobs = lprobs.gather(2, tokens.unsqueeze(2)).squeeze(2)  # [N,K]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -284,3 +285,187 @@ def test_errors_are_one_line_and_leave_no_output(ckpt, text, capsys, tmp_path, t
     )
     data = _data_dir(tmp_path / "data", other, ["one"], ["eins"])
     assert "SentencePiece" in _error(capsys, f"checkpoint={ckpt}", f"input={data}", "split=test")
+
+
+# -- the Translator API and nmt-generate agree; prefixes, forced scoring, precision ----------
+
+
+@pytest.fixture(scope="module")
+def trained(demo_data_dir, tmp_path_factory) -> Path:
+    """A tiny model trained for a few seconds on the demo data: outputs of varied lengths."""
+    from tests.helpers import run_training, tiny_config
+
+    run = tmp_path_factory.mktemp("generate-run")
+    run_training(tiny_config(demo_data_dir, run, max_update=60))
+    return run / "checkpoint_last.pt"
+
+
+@pytest.fixture
+def demo_text(demo_corpus, tmp_path) -> Path:
+    lines = (demo_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:12]
+    lines[4] = ""
+    path = tmp_path / "demo.en"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+SEARCH_ARGS = ("beam=3", "max_len_a=1.0", "max_len_b=5")
+SEARCH_KW = dict(beam=3, max_len_a=1.0, max_len_b=5)
+
+
+def test_translator_equals_the_cli_line_for_line(trained, demo_text, capsys):
+    from nmt import Translator
+
+    lines = demo_text.read_text(encoding="utf-8").splitlines()
+    plain, _ = _generate(capsys, f"checkpoint={trained}", f"input={demo_text}", *SEARCH_ARGS)
+    translator = Translator.from_checkpoint(trained, device="cpu", **SEARCH_KW)
+    assert translator.translate(lines) == plain
+    # max_sentences=2 on the command line: other batches, the same lines
+    small, _ = _generate(
+        capsys, f"checkpoint={trained}", f"input={demo_text}", "max_sentences=2", *SEARCH_ARGS
+    )
+    assert small == plain
+
+
+def test_translate_batch_matches_the_fairseq_format(trained, demo_text, capsys):
+    from nmt import Translator
+
+    lines = demo_text.read_text(encoding="utf-8").splitlines()
+    out, _ = _generate(
+        capsys,
+        f"checkpoint={trained}",
+        f"input={demo_text}",
+        "nbest=3",
+        "format=fairseq",
+        "print_alignment=true",
+        *SEARCH_ARGS,
+    )
+    translator = Translator.from_checkpoint(trained, device="cpu", nbest=3, **SEARCH_KW)
+    results = translator.translate_batch(lines, return_scores=True, return_alignment=True)
+    cli: dict[int, dict[str, list[list[str]]]] = {}
+    for line in out:
+        kind, rest = line.split("-", 1)
+        index, *fields = rest.split("\t")
+        cli.setdefault(int(index), {}).setdefault(kind, []).append(fields)
+    assert sorted(cli) == list(range(len(lines)))
+    for i, per_source in enumerate(results):
+        if not lines[i]:
+            assert cli[i]["H"] == [["0.0000", ""]] and per_source[0].pieces == []
+            continue
+        assert len(per_source) == len(cli[i]["H"]) == 3
+        for t, h, d, p, a in zip(per_source, cli[i]["H"], cli[i]["D"], cli[i]["P"], cli[i]["A"]):
+            assert h == [f"{t.score:.4f}", " ".join(t.pieces)]
+            assert d == [f"{t.score:.4f}", t.text]
+            assert p == [" ".join(f"{s:.4f}" for s in t.token_scores)]
+            assert a == [" ".join(f"{s}-{tgt}" for s, tgt in t.alignment)]
+
+
+def test_per_sentence_prefixes_from_a_file(trained, demo_text, capsys, tmp_path):
+    from nmt import Translator
+
+    lines = demo_text.read_text(encoding="utf-8").splitlines()
+    prefixes = ["Sie", "", "zwei hundert", "Max", "Anna", "", "", "Er", "", "Ich", "", "Wir"]
+    prefix_file = tmp_path / "prefix.de"
+    prefix_file.write_text("\n".join(prefixes) + "\n", encoding="utf-8")
+    out, _ = _generate(
+        capsys,
+        f"checkpoint={trained}",
+        f"input={demo_text}",
+        f"prefix_file={prefix_file}",
+        "format=fairseq",
+        "nbest=3",
+        *SEARCH_ARGS,
+    )
+    translator = Translator.from_checkpoint(trained, device="cpu", nbest=3, **SEARCH_KW)
+    api = translator.translate_batch(lines, prefixes=prefixes)
+    hyps = [line.split("\t") for line in out if line.startswith("H-")]
+    for i, prefix in enumerate(prefixes):
+        mine = [h[2] for h in hyps if h[0] == f"H-{i}"]
+        assert mine == [" ".join(t.pieces) for t in api[i]]
+        if prefix and lines[i]:
+            want = " ".join(translator.tgt_tokenizer.encode_as_pieces(prefix))
+            assert all(m.startswith(want) for m in mine)  # every hypothesis
+    plain, _ = _generate(
+        capsys, f"checkpoint={trained}", f"input={demo_text}", f"prefix_file={prefix_file}"
+    )
+    assert plain[4] == ""  # an empty input line stays empty, prefix or not
+    short = tmp_path / "short.de"
+    short.write_text("Sie\n", encoding="utf-8")
+    err = _error(capsys, f"checkpoint={trained}", f"input={demo_text}", f"prefix_file={short}")
+    assert f"{short}: 1 lines, but input {demo_text} has 12" in err
+    err = _error(
+        capsys, f"checkpoint={trained}", f"prefix_file={short}", "prefix=Sie", f"input={demo_text}"
+    )
+    assert "prefix_file=" in err and "prefix=" in err
+
+
+def test_score_reference_scores_the_references(trained, demo_text, demo_corpus, capsys):
+    from nmt import Translator
+
+    lines = demo_text.read_text(encoding="utf-8").splitlines()
+    refs = (demo_corpus / "test.de").read_text(encoding="utf-8").splitlines()[: len(lines)]
+    ref = demo_text.with_suffix(".de")
+    ref.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    args = (f"checkpoint={trained}", f"input={demo_text}", f"ref={ref}", "score_reference=true")
+    plain, err = _generate(capsys, *args, "lenpen=0.5")
+    assert "scored 12 sentence pairs" in err and "BLEU" not in err
+    translator = Translator.from_checkpoint(trained, device="cpu", lenpen=0.5)
+    scores = translator.score(lines, refs)  # an empty source is scored as the empty sentence
+    assert plain == [f"{s.score:.4f}" for s in scores]
+    out, _ = _generate(capsys, *args, "format=fairseq", "lenpen=0.5")
+    by_kind = {k: [line.split("\t") for line in out if line.startswith(f"{k}-")] for k in "STHDP"}
+    assert [t[1] for t in by_kind["T"]] == refs
+    for s, h, d, p in zip(scores, by_kind["H"], by_kind["D"], by_kind["P"]):
+        assert h[1:] == [f"{s.score:.4f}", " ".join(s.pieces)]
+        assert d[1] == f"{s.score:.4f}"
+        assert p[1] == " ".join(f"{x:.4f}" for x in s.token_scores)
+    err = _error(capsys, f"checkpoint={trained}", f"input={demo_text}", "score_reference=true")
+    assert "score_reference=true: there is nothing to score" in err
+    assert "checkpoint=null: no checkpoint given" in _error(capsys, f"input={demo_text}")
+
+
+def test_score_reference_on_a_data_dir_split(trained, demo_data_dir, capsys, tmp_path):
+    from nmt import Translator
+    from nmt.data.binarize import TokenArray
+    from nmt.data.meta import split_prefix
+
+    out, err = _generate(
+        capsys,
+        f"checkpoint={trained}",
+        f"input={demo_data_dir}",
+        "split=test",
+        "score_reference=true",
+    )
+    src = TokenArray(split_prefix(demo_data_dir, "test", "en"))
+    tgt = TokenArray(split_prefix(demo_data_dir, "test", "de"))
+    assert len(out) == len(src) and "BLEU" not in err
+    translator = Translator.from_checkpoint(trained, device="cpu")
+    first = translator.score_ids([src[i] for i in range(20)], [tgt[i] for i in range(20)])
+    assert out[:20] == [f"{h.score:.4f}" for h in first]
+    assert [h.tokens.tolist() for h in first] == [tgt[i].tolist() for i in range(20)]
+    no_target = tmp_path / "data"
+    shutil.copytree(demo_data_dir, no_target)
+    for suffix in ("bin", "idx"):
+        (no_target / f"test.de.{suffix}").unlink()
+    err = _error(
+        capsys, f"checkpoint={trained}", f"input={no_target}", "split=test", "score_reference=true"
+    )
+    assert "score_reference=true: split test of" in err and "no de side" in err
+
+
+def test_precision_and_its_deprecated_alias_dtype(trained, demo_text, capsys):
+    base = (f"checkpoint={trained}", f"input={demo_text}", *SEARCH_ARGS)
+    precision, err = _generate(capsys, *base, "precision=bf16")
+    assert "dtype" not in err
+    alias, err = _generate(capsys, *base, "dtype=bf16")
+    assert alias == precision
+    notes = [line for line in err.splitlines() if "dtype=" in line]
+    assert notes == [
+        "nmt-generate: note: dtype= is now precision=; write precision=bf16 (dtype= will go away)"
+    ]
+    same, _ = _generate(capsys, *base, "precision=bf16", "dtype=bf16")
+    assert same == precision
+    err = _error(capsys, *base, "precision=bf16", "dtype=fp16")
+    assert "precision=bf16, dtype=fp16:" in err and "give precision= only" in err
+    assert "precision=fp16: needs a CUDA device" in _error(capsys, *base, "precision=fp16")
+    assert "precision=fp8: unknown" in _error(capsys, *base, "precision=fp8")

@@ -289,3 +289,16 @@ def test_cuda_matches_cpu_and_runs_in_half_precision(model):
         with torch.autocast("cuda", dtype=dtype):
             half = SequenceGenerator([gpu_model], search).generate(src.cuda())
         assert all(len(h) == 2 and h[0].tokens[-1] == EOS for h in half)
+
+
+def test_nbest_and_attention_per_call(model):
+    """generate(nbest=, attn_layer=) override the generator's own settings for one call."""
+    src = _pad(_sources([6, 9, 4], seed=7))
+    gen = SequenceGenerator([model], SearchConfig(beam=4, nbest=1, max_len_b=8))
+    default = gen.generate(src)
+    more = gen.generate(src, nbest=3, attn_layer=-1)
+    for one, three in zip(default, more):
+        assert len(one) == 1 and len(three) == 3 and one[0].attention is None
+        assert one[0].tokens.tolist() == three[0].tokens.tolist()
+        assert all(h.attention.shape == (len(h.tokens), src.size(1)) for h in three)
+    assert all(h[0].attention is None for h in gen.generate(src))  # nothing sticks

@@ -1,4 +1,5 @@
-"""The pure search step on synthetic log-probabilities whose answers are known by hand."""
+"""The pure search step and the logit processors on synthetic log-probabilities whose
+answers are known by hand."""
 
 from __future__ import annotations
 
@@ -7,10 +8,23 @@ import math
 import pytest
 import torch
 
-from nmt.generation.search import (
+from nmt.data.vocab import BOS, EOS, PAD, UNK
+from nmt.generation.config import SearchConfig
+from nmt.generation.processors import (
     NEG_INF,
-    beam_candidates,
+    ForcedTokens,
+    LogitProcessors,
+    MinLength,
+    NeverGenerate,
+    NoRepeatNgram,
+    Temperature,
+    UnkPenalty,
     block_repeated_ngrams,
+    top_k,
+    top_p,
+)
+from nmt.generation.search import (
+    beam_candidates,
     length_penalty,
     sample_candidates,
     select_active,
@@ -141,3 +155,111 @@ def test_log_softmax_in_place_equals_log_softmax():
     want = torch.log_softmax(logits, dim=-1)
     assert torch.equal(torch.log_softmax(logits, dim=-1, out=logits), want)
     assert torch.equal(logits, want)
+
+
+# -- logit processors: each does its one job, and they compose -------------------------
+
+
+def _lprobs(rows: int = 4, vocab: int = 12, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(rows, vocab, generator=g), dim=-1)  # [R,V]
+
+
+def _changed(before: torch.Tensor, after: torch.Tensor) -> set[tuple[int, int]]:
+    return {tuple(i) for i in (before != after).nonzero().tolist()}
+
+
+HISTORY = torch.tensor([[EOS, 5, 6, 5], [EOS, 7, 8, 9], [EOS, 4, 4, 4], [EOS, 9, 5, 6]])
+
+
+@pytest.mark.parametrize(
+    "rule, step, expected",
+    [
+        (NeverGenerate((PAD, BOS)), 3, {(r, c) for r in range(4) for c in (PAD, BOS)}),
+        (UnkPenalty(2.0), 3, {(r, UNK) for r in range(4)}),
+        (MinLength(4), 3, {(r, EOS) for r in range(4)}),
+        (MinLength(3), 3, set()),  # three tokens generated: EOS is allowed now
+        (NoRepeatNgram(2), 3, {(0, 6), (2, 4)}),  # "5 6" seen, ends in 5; "4 4" seen
+    ],
+    ids=["never", "unkpen", "min_len", "min_len_reached", "ngram"],
+)
+def test_each_rule_does_its_one_job(rule, step, expected):
+    lp = _lprobs()
+    before = lp.clone()
+    rule(lp, step, HISTORY)
+    assert _changed(before, lp) == expected
+    for r, c in expected:
+        if isinstance(rule, UnkPenalty):
+            assert lp[r, c] == pytest.approx(float(before[r, c]) - 2.0)
+        else:
+            assert lp[r, c] == NEG_INF
+
+
+def test_temperature_divides_the_logits_in_place():
+    logits = torch.randn(3, 7)
+    want = logits / 0.5
+    out = Temperature(0.5)(logits)
+    assert out.data_ptr() == logits.data_ptr() and torch.equal(out, want)
+    processors = LogitProcessors([], temperature=0.5)
+    logits = torch.randn(3, 7)
+    assert torch.equal(
+        processors.log_probs(logits.clone()), torch.log_softmax(logits / 0.5, dim=-1)
+    )
+
+
+def test_forced_tokens_pin_prefixes_then_eos_at_the_limit():
+    prefix = torch.tensor([[7, 8], [9, PAD]])  # sentence 1's prefix is one token
+    forced = ForcedTokens(prefix, max_lens=torch.tensor([3, 1]), beam=2)  # rows 0,1 | 2,3
+    rows, tokens = forced.at(0)
+    assert rows.tolist() == [0, 1, 2, 3] and tokens.tolist() == [7, 7, 9, 9]
+    rows, tokens = forced.at(1)  # sentence 1 is at its limit: EOS wins over nothing
+    assert rows.tolist() == [0, 1, 2, 3] and tokens.tolist() == [8, 8, EOS, EOS]
+    rows, tokens = forced.at(2)  # sentence 1 stays at its limit, sentence 0 is free
+    assert rows.tolist() == [2, 3] and tokens.tolist() == [EOS, EOS]
+    rows, tokens = forced.at(3)
+    assert rows.tolist() == [0, 1, 2, 3] and tokens.tolist() == [EOS] * 4
+    forced.keep(torch.tensor([0]), torch.tensor([3]))  # sentence 1 left the batch
+    assert forced.at(2) is None
+    rows, tokens = forced.at(3)
+    assert rows.tolist() == [0, 1] and tokens.tolist() == [EOS, EOS]
+    with pytest.raises(ValueError, match="EOS or BOS"):
+        ForcedTokens(torch.tensor([[5, EOS]]), torch.tensor([4]), beam=1)
+
+
+def test_processors_compose_in_order_and_pins_keep_the_models_log_prob():
+    search = SearchConfig(beam=2, min_len=5, unkpen=1.5, no_repeat_ngram_size=2, temperature=2.0)
+    processors = LogitProcessors.from_search(search)
+    kinds = [type(r) for r in processors.rules]
+    assert kinds == [NeverGenerate, UnkPenalty, MinLength, NoRepeatNgram]
+    assert processors.temperature is not None and processors.temperature.temperature == 2.0
+    assert [type(r) for r in LogitProcessors.from_search(SearchConfig(min_len=0)).rules] == [
+        NeverGenerate
+    ]
+    lp = _lprobs()
+    one_by_one = lp.clone()
+    for rule in (NeverGenerate(), UnkPenalty(1.5), MinLength(5), NoRepeatNgram(2)):
+        rule(one_by_one, 3, HISTORY)
+    composed = lp.clone()
+    processors(composed, 3, HISTORY)
+    assert torch.equal(composed, one_by_one)
+    # Pinned rows: sentence 0 (rows 0,1) must say UNK (its prefix), sentence 1 (rows 2,3)
+    # is at its length limit (EOS) although min_len forbids EOS: the pin wins, with the
+    # model's own log-prob, unpenalized.
+    forced = ForcedTokens(torch.tensor([[PAD, PAD, PAD, UNK], [PAD] * 4]), torch.tensor([9, 3]), 2)
+    pinned = lp.clone()
+    processors(pinned, 3, HISTORY, forced)
+    for row, token in ((0, UNK), (1, UNK), (2, EOS), (3, EOS)):
+        assert pinned[row, token] == lp[row, token]
+        assert pinned[row].isfinite().sum() == 1
+
+
+def test_top_k_and_top_p_narrow_the_sampling_candidates():
+    lp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    values, ids = top_k(lp, 2)
+    assert ids.tolist() == [[0, 1]] and torch.equal(values, lp[:, :2])
+    values, ids = top_k(lp, 0)  # all, sorted
+    assert ids.tolist() == [[0, 1, 2, 3]]
+    probs = values.exp()
+    assert top_p(probs, 0.7).gt(0).tolist() == [[True, True, False, False]]
+    assert top_p(probs, 0.1).gt(0).tolist() == [[True, False, False, False]]  # first stays
+    assert top_p(probs, 1.0) is probs

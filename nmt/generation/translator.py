@@ -1,0 +1,464 @@
+"""Translator: the one translation core, under nmt-generate, the Python API and servers.
+
+    from nmt import Translator
+    translator = Translator.from_checkpoint("runs/demo/checkpoint_best.pt", beam=5)
+    translator.translate(["I bought twenty-one books."])        # ["Ich kaufte ..."]
+    translator.translate_batch(texts, nbest=3, return_scores=True)
+    translator.score(sources, references)                       # forced decoding
+
+A Translator loads its checkpoint(s) once and holds the models, the tokenizers, the
+search (a SearchConfig) and the device/precision (nmt.runtime). Every call batches its
+sentences by length within max_tokens/max_sentences and returns results in input order;
+a translation never depends on the other sentences of its batch. Calls from several
+threads are safe: decoding is serialized by a lock (the generator's cache memory is
+shared state), tokenization is not.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+
+from nmt.checkpoint import InferenceBundle, load_for_inference
+from nmt.data.tokenizer import Tokenizer, normalize_text
+from nmt.data.vocab import EOS
+from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig, check_batching, check_nbest
+from nmt.generation.encoding import (
+    PieceNames,
+    TextEncoder,
+    alignment_pairs,
+    length_batches,
+    pad_batch,
+    target_ids,
+)
+from nmt.generation.forced import forced_batch, forced_log_probs
+from nmt.generation.generator import Hypothesis, SequenceGenerator
+from nmt.model.transformer import Transformer
+from nmt.runtime import Runtime, setup
+
+PathLike = str | os.PathLike
+IdsLike = Sequence[int] | np.ndarray | torch.Tensor
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One translation of one source sentence."""
+
+    text: str  # detokenized
+    pieces: list[str]  # its SentencePiece pieces (EOS not included)
+    score: float | None = None  # sum(token_scores) / len(token_scores)**lenpen (return_scores)
+    token_scores: list[float] | None = None  # log-prob of each piece, then of EOS
+    alignment: list[tuple[int, int]] | None = None  # (source, target) positions (return_alignment)
+
+
+@dataclass(frozen=True)
+class TargetScore:
+    """The model's score of a given translation (forced decoding)."""
+
+    log_prob: float  # sum of token_scores: log p(target | source)
+    token_scores: list[float]  # log-prob of each target piece, then of EOS
+    score: float  # log_prob / len(token_scores)**lenpen, as generation reports scores
+    pieces: list[str]  # the target's SentencePiece pieces (EOS not included)
+
+
+def checkpoint_paths(checkpoint: PathLike | Sequence[PathLike]) -> list[str]:
+    """One checkpoint path or several (an ensemble) as a non-empty list of str."""
+    if checkpoint is None or checkpoint == "":
+        raise NmtError(
+            "checkpoint=null: no checkpoint given; pass checkpoint=FILE, or "
+            "checkpoint=[a.pt,b.pt] for an ensemble"
+        )
+    paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+    if not paths or not all(isinstance(p, (str, os.PathLike)) and os.fspath(p) for p in paths):
+        raise NmtError(
+            f"checkpoint={checkpoint!r}: not a file name or a list of them; "
+            "pass a checkpoint file, or a list of files for an ensemble"
+        )
+    return [os.fspath(p) for p in paths]
+
+
+def load_ensemble(paths: Sequence[str], device: torch.device) -> list[InferenceBundle]:
+    """The bundle of every checkpoint; all must share the first one's tokenizers."""
+    bundles = [load_for_inference(p, device) for p in paths]
+    first = bundles[0]
+    for path, b in zip(paths[1:], bundles[1:]):
+        for side in ("src", "tgt"):
+            mine = getattr(b, f"{side}_tokenizer").model_bytes
+            if mine != getattr(first, f"{side}_tokenizer").model_bytes:
+                raise NmtError(
+                    f"{path}: its {side} SentencePiece model differs from {paths[0]}'s; "
+                    "an ensemble needs checkpoints trained on the same data dir"
+                )
+    return bundles
+
+
+class Translator:
+    """Translate and score with one checkpoint or an ensemble (see the module docstring)."""
+
+    def __init__(
+        self,
+        models: Sequence[Transformer],
+        src_tokenizer: Tokenizer,
+        tgt_tokenizer: Tokenizer,
+        *,
+        search: SearchConfig | None = None,
+        runtime: Runtime | None = None,
+        nfkc: bool = False,
+        max_tokens: int = 0,
+        max_sentences: int = 64,
+        overlong: str = "truncate",
+        alignment_layer: int = -1,
+    ):
+        """From already-built parts: models in eval mode on `runtime.device` (default:
+        the first model's device, fp32), sharing the target vocabulary. `nfkc`: the
+        normalization the data dir applied (its meta.json / the checkpoint's data)."""
+        self.search = search if search is not None else SearchConfig()
+        self.search.validate()
+        check_batching(max_tokens, max_sentences, overlong)
+        self.models = list(models)
+        if not self.models:
+            raise ValueError("Translator needs at least one model")
+        self.runtime = runtime or Runtime(next(self.models[0].parameters()).device)
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.nfkc = nfkc
+        self.max_tokens, self.max_sentences, self.overlong = max_tokens, max_sentences, overlong
+        self.alignment_layer = alignment_layer
+        self.max_source_positions = min(m.cfg.max_source_positions for m in self.models)
+        self.max_target_positions = min(m.cfg.max_target_positions for m in self.models)
+        self.generator = SequenceGenerator(self.models, self.search)
+        self.pieces = PieceNames(tgt_tokenizer)
+        self._fit_source = self.source_encoder("sources").fit
+        self._fit_target = self.target_encoder("targets").fit
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: PathLike | Sequence[PathLike],
+        *,
+        device: str = "auto",
+        precision: str = "fp32",
+        threads: int = 0,
+        beam: int = 5,
+        nbest: int = 1,
+        lenpen: float = 1.0,
+        max_len_a: float = 0.0,
+        max_len_b: int = 200,
+        min_len: int = 1,
+        unkpen: float = 0.0,
+        no_repeat_ngram_size: int = 0,
+        sampling: bool = False,
+        sampling_topk: int = 0,
+        sampling_topp: float = 1.0,
+        temperature: float = 1.0,
+        seed: int = 1,
+        use_cache: bool = True,
+        max_tokens: int = 0,
+        max_sentences: int = 64,
+        overlong: str = "truncate",
+        alignment_layer: int = -1,
+    ) -> Translator:
+        """Load one checkpoint, or several (an ensemble, sharing tokenizers), once.
+
+        The search options are fairseq's (SearchConfig); `device` (auto, cpu, cuda,
+        cuda:N) and `precision` (fp32, bf16, fp16) as nmt.runtime reads them; `threads`
+        sets torch's CPU threads for the process (0: torch's default). Batches hold at
+        most `max_sentences` sentences and `max_tokens` padded source tokens (0: no
+        limit); a source longer than the model accepts is truncated with a warning, or
+        refused with overlong="error". Every option is checked before anything is loaded.
+        """
+        search = SearchConfig(
+            beam=beam,
+            nbest=nbest,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            min_len=min_len,
+            unkpen=unkpen,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            sampling=sampling,
+            sampling_topk=sampling_topk,
+            sampling_topp=sampling_topp,
+            temperature=temperature,
+            seed=seed,
+            use_cache=use_cache,
+        )
+        return cls.load(
+            checkpoint,
+            search,
+            device=device,
+            precision=precision,
+            threads=threads,
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            overlong=overlong,
+            alignment_layer=alignment_layer,
+        )
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: PathLike | Sequence[PathLike],
+        search: SearchConfig,
+        *,
+        device: str = "auto",
+        precision: str = "fp32",
+        threads: int = 0,
+        max_tokens: int = 0,
+        max_sentences: int = 64,
+        overlong: str = "truncate",
+        alignment_layer: int = -1,
+        precision_key: str = "precision",
+    ) -> Translator:
+        """from_checkpoint with the search as a SearchConfig (nmt-generate's way);
+        `precision_key` names the precision option in errors."""
+        search.validate()
+        check_batching(max_tokens, max_sentences, overlong)
+        paths = checkpoint_paths(checkpoint)
+        # fp32 stays exact fp32 (no TF32): translations equal the CPU's, as before.
+        runtime = setup(device, precision, threads=threads, tf32=False, precision_key=precision_key)
+        bundles = load_ensemble(paths, runtime.device)
+        first = bundles[0]
+        return cls(
+            [cast(Transformer, b.model) for b in bundles],
+            first.src_tokenizer,
+            first.tgt_tokenizer,
+            search=search,
+            runtime=runtime,
+            nfkc=bool(first.data.get("normalization", {}).get("nfkc", False)),
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            overlong=overlong,
+            alignment_layer=alignment_layer,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    # -- text in, text out ------------------------------------------------------------
+
+    def source_encoder(
+        self, where: str = "input", warn: Callable[[str], None] | None = None
+    ) -> TextEncoder:
+        """Text -> source ids as this model needs them; `where` names the input in
+        messages about over-long lines, `warn` receives the warnings (default: logging)."""
+        return TextEncoder(
+            self.src_tokenizer, self.nfkc, self.max_source_positions, self.overlong, where, warn
+        )
+
+    def target_encoder(
+        self, where: str = "targets", warn: Callable[[str], None] | None = None
+    ) -> TextEncoder:
+        """Text -> target ids (EOS included) within the decoder's positions."""
+        return TextEncoder(
+            self.tgt_tokenizer, self.nfkc, self.max_target_positions, self.overlong, where, warn
+        )
+
+    def encode_prefix(self, text: str | None) -> list[int] | None:
+        """A target prefix as ids (no EOS); None for None or an empty prefix."""
+        if not text:
+            return None
+        return self.tgt_tokenizer.encode(normalize_text(text, self.nfkc)) or None
+
+    def translate(self, texts: Sequence[str]) -> list[str]:
+        """The best translation of each text (an empty text gives "")."""
+        return [best[0].text for best in self.translate_batch(texts, nbest=1)]
+
+    def translate_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        nbest: int | None = None,
+        return_scores: bool = False,
+        return_alignment: bool = False,
+        prefixes: Sequence[str | None] | None = None,
+    ) -> list[list[Translation]]:
+        """Per text, up to `nbest` (default: the search's) translations, best first.
+
+        `prefixes`: one target prefix per text (None or "" = free), forced at the start
+        of its translations. An empty text gets one empty Translation.
+        """
+        _check_texts(texts, "texts")
+        encoder = self.source_encoder("input")
+        sources = _encode(encoder, texts)
+        prefix_ids = None
+        if prefixes is not None:
+            _check_texts(prefixes, "prefixes", allow_none=True)
+            if len(prefixes) != len(texts):
+                raise NmtError(
+                    f"prefixes: {len(prefixes)} of them for {len(texts)} texts; "
+                    "give one prefix (or None) per text"
+                )
+            prefix_ids = [self.encode_prefix(p) for p in prefixes]
+        results = self.translate_ids(
+            sources, prefixes=prefix_ids, nbest=nbest, alignment=return_alignment
+        )
+        return [
+            self._translations(hyps, len(src), return_scores, return_alignment)
+            for hyps, src in zip(results, sources)
+        ]
+
+    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[TargetScore]:
+        """Forced decoding: the model's log-probability of each target given its source
+        (EOS included), per token and length-normalized as generation reports scores."""
+        _check_texts(sources, "sources")
+        _check_texts(targets, "targets")
+        if len(sources) != len(targets):
+            raise NmtError(
+                f"targets: {len(targets)} of them for {len(sources)} sources; "
+                "give one target per source"
+            )
+        src_enc, tgt_enc = self.source_encoder("sources"), self.target_encoder("targets")
+        src, tgt = _encode(src_enc, sources), _encode(tgt_enc, targets)
+        return [
+            TargetScore(
+                log_prob=float(h.positional_scores.sum()),
+                token_scores=h.positional_scores.tolist(),
+                score=h.score,
+                pieces=self.pieces(target_ids(h)),
+            )
+            for h in self.score_ids(src, tgt)
+        ]
+
+    # -- ids in, hypotheses out -------------------------------------------------------
+
+    def translate_ids(
+        self,
+        sources: Sequence[IdsLike],
+        *,
+        prefixes: Sequence[IdsLike | None] | None = None,
+        nbest: int | None = None,
+        alignment: bool = False,
+    ) -> list[list[Hypothesis]]:
+        """Per source (ids ending in EOS, as a data dir stores them; empty = an empty
+        line), up to `nbest` hypotheses, best first; [] for an empty source. `prefixes`:
+        target ids (no EOS) to force per source, or None. With `alignment`, hypotheses
+        carry the attention of decoder layer `alignment_layer`."""
+        nbest = self.search.nbest if nbest is None else nbest
+        check_nbest(nbest, self.search.beam)
+        rows = [self._fit_source(_as_ids(s), i) for i, s in enumerate(sources)]
+        forced = None
+        if prefixes is not None:
+            forced = [None if p is None else _as_ids(p) for p in prefixes]
+        if forced is not None and len(forced) != len(rows):
+            raise NmtError(
+                f"prefixes: {len(forced)} of them for {len(rows)} sources; "
+                "give one prefix (or None) per source"
+            )
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        out: list[list[Hypothesis]] = [[] for _ in rows]
+        attn_layer = self.alignment_layer if alignment else None
+        with self._lock, self.runtime.autocast():
+            for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
+                src = pad_batch([rows[i] for i in batch], self.device)  # [B,S]
+                prefix = None if forced is None else self._prefix_tensor(forced, batch)
+                hyps = self.generator.generate(src, prefix, nbest=nbest, attn_layer=attn_layer)
+                for i, h in zip(batch.tolist(), hyps):
+                    out[i] = h
+        return out
+
+    def score_ids(self, sources: Sequence[IdsLike], targets: Sequence[IdsLike]) -> list[Hypothesis]:
+        """Forced decoding on ids (each ending in EOS; an empty one is the empty
+        sentence [EOS]): per pair a Hypothesis of the target with its token log-probs
+        and its length-normalized score."""
+        if len(sources) != len(targets):
+            raise NmtError(
+                f"targets: {len(targets)} of them for {len(sources)} sources; "
+                "give one target per source"
+            )
+        src = [_nonempty(self._fit_source(_as_ids(s), i)) for i, s in enumerate(sources)]
+        tgt = [self._fit_target(_nonempty(_as_ids(t)), i) for i, t in enumerate(targets)]
+        lengths = np.array([max(len(s), len(t)) for s, t in zip(src, tgt)], dtype=np.int64)
+        out: dict[int, Hypothesis] = {}
+        lenpen = self.search.lenpen
+        with self._lock, self.runtime.autocast():
+            for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
+                idx = batch.tolist()
+                tensors = forced_batch([src[i] for i in idx], [tgt[i] for i in idx], self.device)
+                lprobs = forced_log_probs(self.models, *tensors).cpu()  # [B,T]
+                for row, i in enumerate(idx):
+                    n = len(tgt[i])
+                    positional = lprobs[row, :n].clone()  # not a view of the batch
+                    out[i] = Hypothesis(
+                        tokens=torch.from_numpy(tgt[i]),
+                        score=float(positional.sum()) / n**lenpen,
+                        positional_scores=positional,
+                        attention=None,
+                    )
+        return [out[i] for i in range(len(src))]
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _prefix_tensor(
+        self, prefixes: list[np.ndarray | None], batch: np.ndarray
+    ) -> torch.Tensor | None:
+        """[B,P] PAD-padded prefixes of the batch's rows, or None when none has one."""
+        rows = [prefixes[i] for i in batch.tolist()]
+        if not any(r is not None and len(r) for r in rows):
+            return None
+        empty = np.zeros(0, np.int64)
+        return pad_batch([empty if r is None else r for r in rows], self.device)
+
+    def _translations(
+        self, hyps: list[Hypothesis], src_len: int, scores: bool, alignment: bool
+    ) -> list[Translation]:
+        if not hyps:  # an empty source: one empty translation
+            return [
+                Translation(
+                    "",
+                    [],
+                    0.0 if scores else None,
+                    [] if scores else None,
+                    [] if alignment else None,
+                )
+            ]
+        out = []
+        for h in hyps:
+            ids = target_ids(h)
+            out.append(
+                Translation(
+                    text=self.tgt_tokenizer.decode(ids),
+                    pieces=self.pieces(ids),
+                    score=h.score if scores else None,
+                    token_scores=h.positional_scores.tolist() if scores else None,
+                    alignment=alignment_pairs(h, src_len) if alignment else None,
+                )
+            )
+        return out
+
+
+def _encode(encoder: TextEncoder, texts: Sequence[str]) -> list[np.ndarray]:
+    """Ids of each text, fitted to the model's positions (warning or failing per line)."""
+    return [encoder.fit(ids, i) for i, ids in enumerate(encoder.to_ids(encoder.normalize(texts)))]
+
+
+def _as_ids(ids: IdsLike) -> np.ndarray:
+    """1-D int64 ids from a list, an array or a tensor (no copy when already so)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.cpu().numpy()
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def _nonempty(ids: np.ndarray) -> np.ndarray:
+    """An empty sentence is [EOS] for the model."""
+    return ids if len(ids) else np.array([EOS], dtype=np.int64)
+
+
+def _check_texts(texts: object, name: str, allow_none: bool = False) -> None:
+    """A list of str, not one str (which would be read as a list of characters)."""
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise TypeError(f"{name}: pass a list of strings (for one sentence: [text])")
+    bad = next(
+        (i for i, t in enumerate(texts) if not (isinstance(t, str) or (allow_none and t is None))),
+        None,
+    )
+    if bad is not None:
+        raise TypeError(f"{name}[{bad}]: {type(texts[bad]).__name__}, not a str")

@@ -1,0 +1,314 @@
+"""nmt.Translator, the one translation core, on a tiny checkpoint trained here (invariants:
+batch composition, forced decoding = the model's loss, prefixes, threads, ensembles)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import subprocess
+import sys
+import threading
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import TargetScore, Translation, Translator
+from nmt.data.binarize import TokenArray
+from nmt.data.meta import load_meta, split_prefix
+from nmt.data.tokenizer import normalize_text
+from nmt.data.vocab import EOS, PAD
+from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig
+from nmt.model.config import ModelConfig
+from nmt.model.transformer import Transformer
+from tests.helpers import run_training, tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+SEARCH = dict(beam=4, max_len_a=1.0, max_len_b=5)  # a tiny model's outputs stay short
+
+
+@pytest.fixture(scope="module")
+def checkpoint(demo_data_dir, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("translator-run")
+    run_training(tiny_config(demo_data_dir, run, max_update=60))
+    return run / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint) -> Translator:
+    return Translator.from_checkpoint(checkpoint, device="cpu", nbest=2, **SEARCH)
+
+
+@pytest.fixture(scope="module")
+def texts(demo_corpus) -> list[str]:
+    lines = (demo_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:14]
+    lines[3] = ""  # an empty line
+    lines[8] = "  " + lines[8].upper() + "\t"  # whitespace the normalization removes
+    return lines
+
+
+def _tokens(results: list[list[Translation]]) -> list[list[list[str]]]:
+    return [[t.pieces for t in per_source] for per_source in results]
+
+
+def test_translate_is_the_best_of_translate_batch(translator, texts):
+    best = translator.translate(texts)
+    batch = translator.translate_batch(texts, return_scores=True)
+    assert best == [per_source[0].text for per_source in batch]
+    assert best[3] == "" and len(batch[3]) == 1 and batch[3][0].pieces == []
+    for i, per_source in enumerate(batch):
+        if i == 3:
+            continue
+        assert len(per_source) == 2  # nbest=2
+        assert per_source[0].score >= per_source[1].score  # best first
+        for t in per_source:
+            assert len(t.token_scores) == len(t.pieces) + 1  # EOS scored too
+            assert t.score == pytest.approx(sum(t.token_scores) / len(t.token_scores), abs=1e-4)
+            assert t.alignment is None
+
+
+def test_batch_composition_never_changes_a_translation(checkpoint, texts):
+    together = Translator.from_checkpoint(checkpoint, device="cpu", **SEARCH)
+    want = together.translate_batch(texts, return_scores=True)
+    shuffled = texts[::-1]
+    for other in (
+        Translator.from_checkpoint(checkpoint, device="cpu", max_sentences=1, **SEARCH),
+        Translator.from_checkpoint(checkpoint, device="cpu", max_tokens=30, **SEARCH),
+        together,
+    ):
+        alone = [other.translate_batch([t], return_scores=True)[0] for t in texts]
+        mixed = other.translate_batch(shuffled, return_scores=True)[::-1]
+        for got in (alone, mixed):
+            assert _tokens(got) == _tokens(want)
+            for a, b in zip(got, want):
+                assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=1e-4)
+
+
+def test_nbest_scores_and_alignments_per_call(translator, texts):
+    results = translator.translate_batch(texts, nbest=4, return_scores=True, return_alignment=True)
+    plain = translator.translate_batch(texts, nbest=1)
+    for i, (per_source, best) in enumerate(zip(results, plain)):
+        if i == 3:
+            assert per_source[0].alignment == []
+            continue
+        assert len(per_source) == 4
+        assert per_source[0].text == best[0].text  # attention does not change the search
+        src_len = len(translator.src_tokenizer.encode(normalize_text(texts[i], False)))
+        for t in per_source:
+            assert [tgt for _, tgt in t.alignment] == list(range(len(t.pieces)))
+            assert all(0 <= src < src_len for src, _ in t.alignment)
+    with pytest.raises(NmtError, match=r"^nbest=5: must be between 1 and beam=4"):
+        translator.translate_batch(texts, nbest=5)
+
+
+def _independent_log_probs(model, tokenizer, source: str, target: str) -> torch.Tensor:
+    """log p(target token | ...) per target token (EOS included), from Transformer.forward
+    and log_softmax alone: one sentence, no padding, no batching code of nmt's."""
+    src = torch.tensor([tokenizer.encode(normalize_text(source, False)) + [EOS]])
+    tgt = torch.tensor(tokenizer.encode(normalize_text(target, False)) + [EOS])
+    prev = torch.cat([torch.tensor([EOS]), tgt[:-1]])[None]
+    with torch.no_grad():
+        lprobs = torch.log_softmax(model(src, prev)[0].float(), dim=-1)  # [T,V]
+    return lprobs.gather(1, tgt[:, None]).squeeze(1)
+
+
+def test_score_is_the_models_loss_on_the_pair(checkpoint, translator, texts, demo_corpus):
+    refs = (demo_corpus / "test.de").read_text(encoding="utf-8").splitlines()[: len(texts)]
+    refs[5] = ""  # an empty target: p(EOS | source)
+    sources = [t if t else "a" for t in texts]  # (an empty source is scored as [EOS])
+    model = translator.models[0]
+    for lenpen in (1.0, 0.5):
+        scorer = Translator.from_checkpoint(checkpoint, device="cpu", lenpen=lenpen)
+        scores = scorer.score(sources, refs)
+        for src, ref, got in zip(sources, refs, scores):
+            assert isinstance(got, TargetScore)
+            want = _independent_log_probs(model, translator.src_tokenizer, src, ref)
+            assert got.token_scores == pytest.approx(want.tolist(), abs=1e-4)
+            assert got.log_prob == pytest.approx(float(want.sum()), abs=1e-3)
+            assert got.score == pytest.approx(float(want.sum()) / len(want) ** lenpen, abs=1e-3)
+            assert got.pieces == translator.tgt_tokenizer.encode_as_pieces(
+                normalize_text(ref, False)
+            )
+
+
+def test_score_of_a_translation_is_its_reported_score(translator, texts):
+    """Forced decoding of the search's own output gives the scores the search reported."""
+    ids = [translator.src_tokenizer.encode(normalize_text(t, False)) + [EOS] for t in texts if t]
+    hyps = translator.translate_ids(ids, nbest=2)
+    for rank in (0, 1):
+        scored = translator.score_ids(ids, [h[rank].tokens for h in hyps])
+        for per_source, got in zip(hyps, scored):
+            want = per_source[rank]
+            assert got.tokens.tolist() == want.tokens.tolist()
+            assert got.positional_scores.tolist() == pytest.approx(
+                want.positional_scores.tolist(), abs=1e-4
+            )
+            assert got.score == pytest.approx(want.score, abs=1e-4)
+
+
+def test_an_ensemble_averages_log_probs(checkpoint, translator, texts):
+    pair = Translator.from_checkpoint([checkpoint, checkpoint], device="cpu", nbest=2, **SEARCH)
+    assert len(pair.models) == 2
+    assert _tokens(pair.translate_batch(texts)) == _tokens(translator.translate_batch(texts))
+    one, two = translator.score(texts[:3], texts[3:6]), pair.score(texts[:3], texts[3:6])
+    for a, b in zip(one, two):
+        assert a.token_scores == pytest.approx(b.token_scores, abs=1e-5)
+
+
+def test_prefixes_are_forced_per_sentence(translator, texts):
+    sources = [t for t in texts if t][:6]
+    prefixes = ["Sie kauften", None, "zwei", "", "Max", "hundert hundert hundert"]
+    results = translator.translate_batch(sources, nbest=4, prefixes=prefixes)
+    free = translator.translate_batch(sources, nbest=4)
+    for prefix, per_source, unforced in zip(prefixes, results, free):
+        if not prefix:
+            assert _tokens([per_source]) == _tokens([unforced])
+            continue
+        pieces = translator.tgt_tokenizer.encode_as_pieces(prefix)
+        for t in per_source:  # every hypothesis, not only the best
+            assert t.pieces[: len(pieces)] == pieces
+    with pytest.raises(NmtError, match="^prefixes: 1 of them for 6 texts"):
+        translator.translate_batch(sources, prefixes=["x"])
+
+
+def test_ids_in_equal_text_in(translator, demo_data_dir, demo_corpus):
+    """A data dir split (ids as preprocess stored them) translates as its raw text does."""
+    meta = load_meta(demo_data_dir)
+    split = TokenArray(split_prefix(demo_data_dir, "test", meta.src_lang))
+    text = (demo_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:10]
+    by_ids = translator.translate_ids([split[i] for i in range(10)], nbest=1)
+    by_text = translator.translate_batch(text, nbest=1)
+    assert [[translator.pieces(h.tokens[:-1].tolist()) for h in x] for x in by_ids] == _tokens(
+        by_text
+    )
+    assert translator.translate_ids([[]]) == [[]]  # an empty source: nothing to translate
+
+
+def test_concurrent_calls_equal_sequential_calls(checkpoint, texts):
+    translator = Translator.from_checkpoint(checkpoint, device="cpu", max_sentences=3, **SEARCH)
+    jobs = [texts[i:] + texts[:i] for i in range(6)]
+    want = [_tokens(translator.translate_batch(job, return_scores=True)) for job in jobs]
+    got: list = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(3):
+                got[i] = _tokens(translator.translate_batch(jobs[i], return_scores=True))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and got == want
+
+
+def test_empty_and_overlong_lines(demo_data_dir, caplog):
+    """Built from parts: a model accepting 8 source positions."""
+    from nmt.data.tokenizer import load_tokenizers
+
+    src_tok, tgt_tok = load_tokenizers(demo_data_dir)
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        embed_dim=16,
+        ffn_dim=32,
+        attention_heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        dropout=0.0,
+        max_source_positions=8,
+        max_target_positions=8,
+    )
+    model = Transformer(cfg, src_tok.vocab_size, tgt_tok.vocab_size).eval()
+    long = "one two three four five six seven eight nine ten eleven twelve"
+    translator = Translator([model], src_tok, tgt_tok, search=SearchConfig(beam=2))
+    with caplog.at_level(logging.WARNING, logger="nmt.generation"):
+        out = translator.translate(["", long, "one two"])
+    assert out[0] == "" and len(out) == 3
+    assert any("input:2: " in r.message and "truncated" in r.message for r in caplog.records)
+    cut = translator.translate_batch([long], return_scores=True)[0][0]
+    assert len(cut.token_scores) <= 8  # the target side is capped too
+    strict = Translator([model], src_tok, tgt_tok, search=SearchConfig(beam=2), overlong="error")
+    with pytest.raises(NmtError, match=r"^input:2: \d+ tokens, the model accepts 8; "):
+        strict.translate(["one", long])
+    with pytest.raises(NmtError, match=r"^targets:1: \d+ tokens, the model accepts 8; "):
+        strict.score(["one"], [long])
+
+
+def test_options_are_checked_before_loading(tmp_path):
+    missing = tmp_path / "missing.pt"
+    for options, message in (
+        (dict(beam=0), "beam=0: must be 1 or more; use 1 for greedy search"),
+        (dict(beam=2, nbest=3), "nbest=3: must be between 1 and beam=2"),
+        (dict(temperature=0.0), "temperature=0.0: must be positive"),
+        (dict(sampling_topk=5), "sampling_topk=5: applies to sampling only; add sampling=true"),
+        (dict(max_sentences=0), "max_sentences=0: must be 1 or more"),
+        (dict(overlong="skip"), "overlong=skip: unknown; use one of truncate, error"),
+        (dict(precision="fp8"), "precision=fp8: unknown"),
+        (dict(precision="fp16", device="cpu"), "precision=fp16: needs a CUDA device"),
+        (dict(device="tpu"), "device=tpu: "),
+    ):
+        with pytest.raises(NmtError) as exc:
+            Translator.from_checkpoint(missing, **options)
+        assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    with pytest.raises(NmtError, match="missing.pt: checkpoint not found"):
+        Translator.from_checkpoint(missing, device="cpu")
+    with pytest.raises(NmtError, match=r"^checkpoint=\[\]: "):
+        Translator.from_checkpoint([], device="cpu")
+
+
+def test_texts_must_be_a_list_of_strings(translator):
+    with pytest.raises(TypeError, match=r"texts: pass a list of strings"):
+        translator.translate("one sentence")
+    with pytest.raises(TypeError, match=r"texts\[1\]: int, not a str"):
+        translator.translate(["one", 2])
+    with pytest.raises(NmtError, match="^targets: 1 of them for 2 sources"):
+        translator.score(["a", "b"], ["c"])
+
+
+def test_precision_bf16_runs_on_the_cpu(checkpoint, texts):
+    bf16 = Translator.from_checkpoint(checkpoint, device="cpu", precision="bf16", **SEARCH)
+    assert bf16.runtime.precision == "bf16"
+    out = bf16.translate_batch(texts, return_scores=True)
+    assert len(out) == len(texts) and all(math.isfinite(t[0].score) for t in out)
+
+
+def test_from_checkpoint_defaults_are_the_search_defaults():
+    params = inspect.signature(Translator.from_checkpoint).parameters
+    for f in fields(SearchConfig):
+        assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[f.name].default == f.default, f.name
+
+
+def test_importing_nmt_is_cheap():
+    code = (
+        "import sys, nmt, nmt.data.config; assert 'torch' not in sys.modules, 'torch'; "
+        "from nmt import Translator; assert 'torch' in sys.modules; "
+        "assert Translator.__module__ == 'nmt.generation.translator'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        import nmt
+
+        _ = nmt.Nothing  # noqa: B018
+
+
+def test_padding_in_prefix_rows_means_free(translator, texts):
+    """translate_ids: a prefix of None, of [] and no prefixes at all are the same."""
+    ids = [translator.src_tokenizer.encode(normalize_text(t, False)) + [EOS] for t in texts[:3]]
+    free = translator.translate_ids(ids)
+    for prefixes in ([None, None, None], [[], [], []]):
+        got = translator.translate_ids(ids, prefixes=prefixes)
+        assert [[h.tokens.tolist() for h in x] for x in got] == [
+            [h.tokens.tolist() for h in x] for x in free
+        ]
+    assert PAD not in [t for x in free for h in x for t in h.tokens.tolist()]
