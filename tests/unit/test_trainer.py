@@ -223,7 +223,7 @@ def test_cli_composes_the_yaml_and_reports_errors_in_one_line(demo_data_dir, tmp
                 f"data={demo_data_dir}",
                 "model=transformer_small",
                 "optim=adam_cosine",
-                "max_update=100",
+                "max_update=2000",  # the cosine decay must end after the 1000 warmup updates
             ],
         )
     )
