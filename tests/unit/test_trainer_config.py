@@ -10,6 +10,7 @@ import pytest
 
 from nmt import runtime
 from nmt.errors import NmtError
+from nmt.training import build_training
 from nmt.training.config import PRECISIONS, OptimConfig, TrainConfig
 
 STYLE = re.compile(r"^[\w.]+=[^ :]*: [^;]+; \S.*$")  # option=value: what is wrong; what to do
@@ -78,3 +79,12 @@ def test_the_defaults_and_the_configs_files_are_valid():
     for scheduler in ("inverse_sqrt", "fixed"):
         replace(TrainConfig(), optim=OptimConfig(scheduler=scheduler)).validate()
     assert PRECISIONS == runtime.PRECISIONS  # the copy that spares configs a torch import
+
+
+def test_build_training_validates_before_writing_anything(tmp_path):
+    cfg = replace(
+        TrainConfig(data=str(tmp_path / "data"), save_dir=str(tmp_path / "run")), update_freq=0
+    )
+    with pytest.raises(NmtError, match=r"^update_freq=0: "):
+        build_training(cfg)
+    assert not (tmp_path / "run").exists()
