@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 
 from nmt.errors import NmtError
-from nmt.fsutil import fsync_dir
+from nmt.fsutil import atomic_write
 
 FORMAT_VERSION = 1
 CHECKSUM_KEY = "checksum"  # "sha256:<hex>" of every other entry, see payload_checksum
@@ -50,7 +49,7 @@ def payload_checksum(obj: dict[str, Any]) -> str:
 
 
 def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write `obj` to `path` atomically: temp file in the same dir, fsync, rename.
+    """Write `obj` to `path` atomically (nmt.fsutil.atomic_write), with its checksum.
 
     A crash or kill at any moment leaves either the old file or the new one, never a
     partial one. A full disk raises NmtError and leaves the previous file intact.
@@ -64,29 +63,21 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
             f"{path.parent}: cannot create the checkpoint directory "
             f"({exc.strerror or exc}); choose a writable path"
         ) from exc
+    opened = False
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise NmtError(
-            f"{path}: cannot write the checkpoint ({exc.strerror or exc}); choose a "
-            "writable save_dir"
-        ) from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path, "wb") as f:
+            opened = True
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-        fsync_dir(path.parent)
     except OSError as exc:
-        Path(tmp_name).unlink(missing_ok=True)
+        if not opened:  # the temporary file could not even be created
+            raise NmtError(
+                f"{path}: cannot write the checkpoint ({exc.strerror or exc}); choose a "
+                "writable save_dir"
+            ) from exc
         raise NmtError(
             f"{path}: could not write checkpoint ({exc.strerror or exc}); "
             "the previous checkpoint is intact"
         ) from exc
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

@@ -223,3 +223,7 @@ def import_fairseq_main() -> None:
 
 def train_main() -> None:
     main("train")
+
+
+def average_main() -> None:
+    main("average")

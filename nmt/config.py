@@ -66,6 +66,13 @@ def _train() -> CommandSpec:
     return CommandSpec("train", TrainConfig, train.run)
 
 
+def _average() -> CommandSpec:
+    from nmt.commands import average
+    from nmt.training.config import AverageConfig
+
+    return CommandSpec("average", AverageConfig, average.run)
+
+
 # Keys that were renamed, per command: old -> (new, why). Using an old key is a one-line
 # error that names the new one (nmt.cli).
 RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
@@ -81,6 +88,7 @@ RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
 COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "preprocess": _preprocess,
     "train": _train,
+    "average": _average,
     "score": _score,
     "generate": _generate,
     "export": _export,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Training throughput of nmt-train: target tokens/s and model FLOP/s, fp32 and bf16.
 
-Trains with the real training step (nmt.training.trainer.Trainer, nothing saved) for
+Trains with the real training step (nmt.training.build_training, nothing saved) for
 `--updates` updates per precision on a data dir, the precisions taking turns of
 `--log-interval` updates over the same batches, and times each interval, discarding the
 warm-up intervals, like fairseq's "wps" (`--sequential`: each precision's whole
@@ -113,23 +113,14 @@ def train_cfg(args: argparse.Namespace, precision: str, save_dir: Path, package:
 
 
 def run(args: argparse.Namespace, precision: str) -> dict:
-    from nmt.data.batching import epoch_batches
-    from nmt.training.trainer import Trainer
+    from nmt.training import build_training
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = train_cfg(args, precision, Path(tmp))
-        trainer = Trainer(cfg)
-        vocab = trainer.meta.tgt_vocab_size
-        data = trainer.train_data
-        batches = epoch_batches(
-            trainer.train_indices,
-            data.src_sizes,
-            data.tgt_sizes,
-            max_tokens=cfg.max_tokens,
-            max_sentences=cfg.max_sentences,
-            seed=cfg.seed,
-            epoch=1,
-        )
+        trainer = build_training(cfg)
+        vocab = trainer.data.meta.tgt_vocab_size
+        data = trainer.data.train
+        batches = trainer.data.epoch_batches(1)
         if len(batches) < args.updates:
             raise SystemExit(
                 f"--updates {args.updates}: the first epoch has only {len(batches)} batches"
@@ -165,27 +156,19 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
     ratio holds. Each precision has its own Trainer and takes the same batches, in the
     order of the training loop's first epoch.
     """
-    from nmt.data.batching import epoch_batches
+    from nmt.training import build_training
     from nmt.training.checkpointing import rng_state, set_rng_state
-    from nmt.training.trainer import Trainer
+    from nmt.training.loop import log_train
 
     with tempfile.TemporaryDirectory() as tmp:
         trainers, rngs = {}, {}
         for p in precisions:
-            trainers[p] = Trainer(train_cfg(args, p, Path(tmp) / p))  # seeds the RNGs
+            trainers[p] = build_training(train_cfg(args, p, Path(tmp) / p))  # seeds the RNGs
             rngs[p] = rng_state()  # each keeps its own dropout stream, as if trained alone
-            trainers[p]._run_start = trainers[p]._interval_start = time.monotonic()  # as run() does
+            trainers[p].meter.start_run()  # as run() does
         first = trainers[precisions[0]]
-        data = first.train_data
-        batches = epoch_batches(
-            first.train_indices,
-            data.src_sizes,
-            data.tgt_sizes,
-            max_tokens=args.max_tokens,
-            max_sentences=0,
-            seed=1,
-            epoch=1,
-        )
+        data = first.data.train
+        batches = first.data.epoch_batches(1)
         if len(batches) < args.updates:
             raise SystemExit(
                 f"--updates {args.updates}: the first epoch has only {len(batches)} batches"
@@ -199,7 +182,7 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
                 sum(
                     batch_flops(
                         first.cfg.model,
-                        first.meta.tgt_vocab_size,
+                        first.data.meta.tgt_vocab_size,
                         data.src_sizes[b],
                         data.tgt_sizes[b],
                     )
@@ -210,9 +193,9 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
                 set_rng_state(rngs[p])
                 begin = time.perf_counter()
                 for batch in chunk:
-                    trainers[p]._train_step([batch])
+                    trainers[p].train_step([batch])
                 intervals[p].append(time.perf_counter() - begin)
-                trainers[p]._log_train(epoch=1)  # the interval's loss to train.jsonl
+                log_train(trainers[p], epoch=1)  # the interval's loss to train.jsonl
                 rngs[p] = rng_state()
         losses = {
             p: [

@@ -26,10 +26,17 @@ from paired_revision import import_both
 
 
 def make_trainer(package: str, precision: str, args: argparse.Namespace):
+    """(trainer, its one-update function) of `package`: the library's build_training, or
+    the Trainer class of revisions from before it (`--before` may name one)."""
     from bench_train import train_cfg
 
-    trainer = importlib.import_module(f"{package}.training.trainer")
-    return trainer.Trainer(train_cfg(args, precision, Path(tempfile.mkdtemp()), package))
+    cfg = train_cfg(args, precision, Path(tempfile.mkdtemp()), package)
+    training = importlib.import_module(f"{package}.training")
+    if hasattr(training, "build_training"):
+        trainer = training.build_training(cfg)
+        return trainer, trainer.train_step
+    trainer = importlib.import_module(f"{package}.training.trainer").Trainer(cfg)
+    return trainer, trainer._train_step
 
 
 def main() -> None:
@@ -58,27 +65,18 @@ def main() -> None:
     versions = ["nmt"] if args.before == "none" else ["nmt_before", "nmt"]
     if args.before != "none":
         import_both(args.before)
-    from nmt.data.batching import epoch_batches
-
     keys = [(version, p) for version in versions for p in args.precisions]
-    trainers = {key: make_trainer(*key, args) for key in keys}
-    first = trainers[keys[0]]
-    data = first.train_data
-    batches = epoch_batches(
-        first.train_indices,
-        data.src_sizes,
-        data.tgt_sizes,
-        max_tokens=args.max_tokens,
-        max_sentences=0,
-        seed=1,
-        epoch=1,
-    )
+    made = {key: make_trainer(*key, args) for key in keys}
+    steps = {key: train_step for key, (_, train_step) in made.items()}
+    current = made[("nmt", args.precisions[0])][0]  # the working tree's Trainer
+    data = current.data.train
+    batches = current.data.epoch_batches(1)  # both versions' seeded lists are the same
     needed = args.warmup + args.chunk * args.rounds
     if len(batches) < needed:
         raise SystemExit(f"the first epoch has {len(batches)} batches; this run needs {needed}")
-    for trainer in trainers.values():
+    for train_step in steps.values():
         for batch in batches[: args.warmup]:
-            trainer._train_step([batch])
+            train_step([batch])
     seconds = dict.fromkeys(keys, 0.0)
     tokens = 0
     for turn in range(args.rounds):
@@ -88,7 +86,7 @@ def main() -> None:
         for key in keys if turn % 2 == 0 else reversed(keys):  # alternate who goes first
             begin = time.perf_counter()
             for batch in chunk:
-                trainers[key]._train_step([batch])
+                steps[key]([batch])
             seconds[key] += time.perf_counter() - begin
     rate = {key: tokens / s for key, s in seconds.items()}
     label = {"nmt_before": f"before ({args.before})", "nmt": "after (working tree)"}

@@ -3,7 +3,7 @@
 #   1. nmt-preprocess: joint 8k unigram SentencePiece, binarized train/valid/test_2016_flickr
 #   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small, fairseq's standard
 #      recipe (configs/experiment/multi30k_*.yaml), stopped after max_time=1.0 hour
-#   3. scripts/average_checkpoints.py: average the last AVG numbered checkpoints
+#   3. nmt-average: average the last AVG numbered checkpoints
 #   4. nmt-generate: translate test_2016_flickr with beam BEAM, length penalty LENPEN
 #   5. nmt-score: sacrebleu BLEU, cased, detokenized, 13a, printed with its signature
 #
@@ -90,7 +90,7 @@ say "training took $(( $(date +%s) - start )) s (this invocation)"
 
 # 3. Average the newest AVG numbered checkpoints.
 AVG_CKPT="$RUN/checkpoint_avg_last$AVG.pt"
-"$PYTHON" scripts/average_checkpoints.py --inputs "$RUN" --num-last "$AVG" -o "$AVG_CKPT"
+nmt average inputs="$RUN" num_last="$AVG" output="$AVG_CKPT"
 
 # 4. Translate the test set. SMOKE: the first 100 sentences, output capped near the source
 #    length (a barely trained model rarely stops by itself).

@@ -51,12 +51,12 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
 
 
 def run_training(cfg: TrainConfig):
-    """Trainer(cfg).run(), leaving torch's global thread count as it found it."""
-    from nmt.training.trainer import Trainer
+    """nmt.training.train(cfg), leaving torch's global thread count as it found it."""
+    from nmt.training import train
 
     threads = torch.get_num_threads()
     try:
-        return Trainer(cfg).run()
+        return train(cfg)
     finally:
         torch.set_num_threads(threads)
 

@@ -1,5 +1,36 @@
-"""Training: loss, optimizer and schedules, the loop (trainer.py), checkpoints, logging.
+"""Training as a library: `train(cfg)` runs nmt-train's work in-process.
 
-The entry point is `nmt.training.trainer.Trainer(cfg).run()`; nothing is imported here so
-that `import nmt.training.config` stays cheap.
+    from nmt.training import train
+    from nmt.training.config import TrainConfig
+    result = train(TrainConfig(data="data-bin/demo", save_dir="runs/demo"))
+
+`build_training(cfg)` returns the Trainer without running it (tests, benchmarks). The
+modules are imported on first call, so that `import nmt.training.config` stays cheap.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nmt.distributed import DistEnv
+    from nmt.training.config import TrainConfig
+    from nmt.training.loop import TrainResult
+    from nmt.training.trainer import Trainer
+
+
+def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
+    """The Trainer of `cfg` (see nmt.training.build), resumed when save_dir has a run."""
+    from nmt.training.build import build_training as build
+
+    return build(cfg, env)
+
+
+def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
+    """Train, or resume from <save_dir>/checkpoint_last.pt, until a stopping rule fires.
+
+    Under torchrun `env` comes from the environment. SIGINT/SIGTERM end the run after the
+    update in progress, with checkpoint_last.pt saved: the result says so (stop_reason
+    "signal", and the signal's number).
+    """
+    return build_training(cfg, env).run()

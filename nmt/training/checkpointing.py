@@ -8,7 +8,8 @@ Files in the run dir:
     checkpoint.best_<metric>_<v>.pt    the keep_best best validations
 The state is serialised once (atomically, by nmt.checkpoint.save_checkpoint); the other
 names are hard links to that file, put in place by an atomic rename as well, so a kill at
-any moment leaves every name pointing at a complete checkpoint.
+any moment leaves every name pointing at a complete checkpoint. Temporaries follow
+nmt.fsutil's naming (`.<name>.<random>.tmp`); the next run removes what a kill left.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 import os
 import random
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,11 @@ import torch
 
 from nmt.checkpoint import save_checkpoint
 from nmt.errors import NmtError
-from nmt.fsutil import fsync_dir
+from nmt.fsutil import TMP_SUFFIX, fsync_dir, remove_stale_temps
 
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
+CONFIG = "config.yaml"  # the run's resolved config, written at each start
 _NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
 
@@ -101,13 +104,16 @@ class BestTracker:
 
 def _link_atomic(src: Path, dst: Path) -> None:
     """Make `dst` a complete copy of `src` (hard link, or copy) via a temp name and rename."""
-    tmp = dst.with_name(f".{dst.name}.link.tmp")
-    tmp.unlink(missing_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")  # fsutil's naming
     try:
-        os.link(src, tmp)
-    except OSError:  # file systems without hard links
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(src, tmp)
+        except OSError:  # file systems without hard links
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class CheckpointManager:
@@ -163,11 +169,15 @@ class CheckpointManager:
         return written
 
     def remove_stale_temps(self) -> list[Path]:
-        """Delete temp files a killed run left mid-write (call before this run saves)."""
-        stale = [p for p in self.save_dir.glob(".checkpoint*.tmp") if p.is_file()]
-        for path in stale:
-            path.unlink(missing_ok=True)
-        return stale
+        """Delete the temporaries a killed run left mid-write beside its checkpoints and
+        config.yaml (call before this run saves; rank 0 is the one writer)."""
+        targets = {LAST, BEST, CONFIG}
+        for tmp in self.save_dir.glob(f".checkpoint*{TMP_SUFFIX}"):
+            targets.add(tmp.name[1:].rsplit(".", 2)[0])  # .<name>.<random>.tmp -> <name>
+        removed: list[Path] = []
+        for name in sorted(targets):
+            removed += remove_stale_temps(self.save_dir / name)
+        return removed
 
     def numbered(self) -> list[tuple[int, Path]]:
         """Numbered checkpoints as (update, path), newest first."""
@@ -195,44 +205,3 @@ class CheckpointManager:
                 path.unlink(missing_ok=True)
         for _, path in self.best_k()[max(self.keep_best, 0) :]:
             path.unlink(missing_ok=True)
-
-
-def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """One checkpoint whose weights are the mean of `paths` (first = the newest/best).
-
-    All inputs must share model config, vocabulary and tokenizers; the result keeps the
-    first one's inference part, drops train_state (it resumes nothing) and has
-    config = {averaged_from: [paths], training_config: the first one's config}.
-    """
-    from nmt.checkpoint import load_checkpoint
-
-    if not paths:
-        raise NmtError("no checkpoints to average")
-    first = load_checkpoint(paths[0])
-    sums = {k: v.double() for k, v in first["model"].items() if v.is_floating_point()}
-    for path in paths[1:]:
-        ckpt = load_checkpoint(path)
-        for key in ("model_config", "data"):
-            if ckpt[key] != first[key]:
-                raise NmtError(
-                    f"{path}: its {key} differs from {paths[0]}'s; average checkpoints of one run"
-                )
-        if any(
-            not torch.equal(ckpt["tokenizers"][s], first["tokenizers"][s]) for s in ("src", "tgt")
-        ):
-            raise NmtError(
-                f"{path}: its tokenizer differs from {paths[0]}'s; average checkpoints of one run"
-            )
-        for k in sums:
-            sums[k] += ckpt["model"][k].double()
-    model = dict(first["model"])
-    for k, total in sums.items():
-        model[k] = (total / len(paths)).to(first["model"][k].dtype)
-    averaged = {k: v for k, v in first.items() if k != "train_state"}
-    averaged["model"] = model
-    # As imported checkpoints do: `config` says where the weights came from.
-    averaged["config"] = {
-        "averaged_from": [str(p) for p in paths],
-        "training_config": first.get("config"),
-    }
-    return averaged

@@ -1,21 +1,47 @@
-"""Configuration of nmt-train: TrainConfig (configs/train.yaml) and its optim group.
+"""Configuration of nmt-train (TrainConfig and its optim group) and of nmt-average.
 
 Plain dataclasses, checked by Hydra against configs/train.yaml and its groups
-(configs/model/*.yaml fill `model`, configs/optim/*.yaml fill `optim`). Vocabulary sizes,
-special ids and tokenizers are not configured here: they come from the data dir's
-meta.json, so nothing is configured twice.
+(configs/model/*.yaml fill `model`, configs/optim/*.yaml fill `optim`) and against
+configs/average.yaml. Vocabulary sizes, special ids and tokenizers are not configured here:
+they come from the data dir's meta.json, so nothing is configured twice.
+
+Each config checks itself in `validate()`; every message reads
+`option=value: what is wrong; what to do`. What a config alone cannot tell (a device that
+is not there, a split the data dir lacks, the model against the vocabulary) is checked
+where it is used. This module imports no torch, so that composing a config stays cheap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+from nmt.errors import NmtError
 from nmt.model.config import ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "fixed")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")  # nmt.runtime.PRECISIONS (not imported: it needs torch)
 BEST_METRICS = ("loss", "nll", "bleu")
+
+
+def setting(key: str, value: Any) -> str:
+    """`key=value` as it is written on the command line (the start of every message)."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, str):
+        text = value if value else "''"
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ",".join(str(v) for v in value) + "]"
+    else:
+        text = str(value)
+    return f"{key}={text}"
+
+
+def _at_least(key: str, value: float, low: float, hint: str) -> None:
+    if value < low:
+        raise NmtError(f"{setting(key, value)}: must be {low:g} or more; {hint}")
 
 
 @dataclass
@@ -32,6 +58,40 @@ class OptimConfig:
     warmup_init_lr: float = 1e-7  # learning rate of the first update
     min_lr: float = 0.0  # cosine: the learning rate at the end of the decay
     decay_updates: int = 0  # cosine: update at which min_lr is reached; 0 = max_update
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first `optim.<key>` that cannot work."""
+        if not self.lr > 0:
+            raise NmtError(f"{setting('optim.lr', self.lr)}: must be positive; use e.g. 5e-4")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise NmtError(
+                f"{setting('optim.betas', list(self.betas))}: need two values in [0, 1); "
+                "use e.g. [0.9,0.98]"
+            )
+        if self.scheduler not in SCHEDULERS:
+            raise NmtError(
+                f"{setting('optim.scheduler', self.scheduler)}: unknown; use one of "
+                f"{', '.join(SCHEDULERS)}"
+            )
+        _at_least("optim.eps", self.eps, 0, "use e.g. 1e-8")
+        _at_least("optim.weight_decay", self.weight_decay, 0, "use 0 for none")
+        _at_least("optim.warmup_updates", self.warmup_updates, 0, "use 0 for no warmup")
+        _at_least("optim.warmup_init_lr", self.warmup_init_lr, 0, "use e.g. 1e-7")
+        _at_least("optim.min_lr", self.min_lr, 0, "use 0 to decay to zero")
+        _at_least("optim.decay_updates", self.decay_updates, 0, "use 0 for max_update")
+
+    def decay_end(self, max_update: int) -> int:
+        """The update at which the cosine schedule reaches min_lr (after the warmup)."""
+        key = setting("optim.decay_updates", self.decay_updates)
+        after = f"after optim.warmup_updates={self.warmup_updates}"
+        if self.decay_updates and self.decay_updates <= self.warmup_updates:
+            raise NmtError(f"{key}: the cosine decay must end {after}; raise it")
+        if not self.decay_updates and max_update <= self.warmup_updates:
+            raise NmtError(
+                f"{key}: the cosine decay then ends at max_update={max_update}, not {after}; "
+                "set optim.decay_updates or max_update"
+            )
+        return self.decay_updates or max_update
 
 
 @dataclass
@@ -102,3 +162,111 @@ class TrainConfig:
     ddp_timeout: float = 600.0  # seconds a rank waits for the others before failing
 
     debug: bool = False  # full tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first key that cannot work (optim's included)."""
+        for key, allowed in (("precision", PRECISIONS), ("best_metric", BEST_METRICS)):
+            value = getattr(self, key)
+            if value not in allowed:
+                raise NmtError(f"{setting(key, value)}: unknown; use one of {', '.join(allowed)}")
+        if self.best_metric == "bleu" and not self.eval_bleu:
+            raise NmtError(
+                "best_metric=bleu: needs the validation BLEU; set eval_bleu=true, or use "
+                "best_metric=loss"
+            )
+        for key in ("data", "save_dir", "train_split"):
+            if not getattr(self, key):
+                raise NmtError(f"{setting(key, getattr(self, key))}: empty; name one")
+        at_least_one = {
+            "max_tokens": "use e.g. 4096 (tokens per batch, padding included)",
+            "update_freq": "use 1 for an update per batch",
+            "log_interval": "use 1 to log every update",
+            "eval_bleu_beam": "use 1 for greedy decoding",
+        }
+        for key, hint in at_least_one.items():
+            _at_least(key, getattr(self, key), 1, hint)
+        zero_means = {
+            "max_sentences": "no cap",
+            "valid_max_tokens": "max_tokens",
+            "max_epoch": "no limit",
+            "max_update": "no limit",
+            "max_time": "no limit",
+            "patience": "off",
+            "clip_norm": "no clipping",
+            "threads": "torch's default",
+            "validate_interval_updates": "only at epoch ends",
+            "save_interval_updates": "only at epoch ends",
+            "keep_best": "none",
+            "eval_bleu_max_sentences": "all",
+            "eval_bleu_len_a": "a fixed length limit of eval_bleu_len_b",
+            "eval_bleu_len_b": "no constant term",
+            "max_oom_skips": "stop at the first out-of-memory batch",
+            "fp16_min_scale": "no limit",
+        }
+        for key, meaning in zero_means.items():
+            _at_least(key, getattr(self, key), 0, f"use 0 for {meaning}")
+        _at_least("seed", self.seed, 0, "use e.g. 1")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise NmtError(
+                f"{setting('label_smoothing', self.label_smoothing)}: must be in [0, 1); "
+                "use 0.1 (fairseq's) or 0 for plain cross-entropy"
+            )
+        if self.keep_last < -1:
+            raise NmtError(
+                f"{setting('keep_last', self.keep_last)}: must be -1 or more; use -1 to keep "
+                "every numbered checkpoint"
+            )
+        for key in ("fp16_init_scale", "ddp_timeout"):
+            if not getattr(self, key) > 0:
+                raise NmtError(
+                    f"{setting(key, getattr(self, key))}: must be positive; see "
+                    "configs/train.yaml for the default"
+                )
+        self.optim.validate()
+        if self.optim.scheduler == "cosine":
+            self.optim.decay_end(self.max_update)
+
+
+@dataclass
+class AverageConfig:
+    """nmt-average: the mean of several checkpoints' weights (configs/average.yaml)."""
+
+    inputs: Any = None  # a run dir (with num_last or num_best), or a list of checkpoint files
+    num_last: int = 0  # average the newest K numbered checkpoints of the run dir; 0 = off
+    num_best: int = 0  # average the K best checkpoint.best_*.pt of the run dir; 0 = off
+    output: Optional[str] = None  # null: <run dir>/checkpoint_avg_{last,best}<K>.pt, or
+    #                               checkpoint_avg.pt beside the first of the listed files
+    debug: bool = False  # full tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first key that cannot work."""
+        paths = self.input_paths()
+        if not paths or not all(paths):
+            raise NmtError(
+                f"{setting('inputs', self.inputs)}: no checkpoints to average; give a run dir "
+                "(inputs=runs/demo num_last=5) or checkpoint files (inputs=[a.pt,b.pt])"
+            )
+        for key in ("num_last", "num_best"):
+            _at_least(key, getattr(self, key), 0, "use 0 for off")
+        if self.num_last and self.num_best:
+            raise NmtError(
+                f"num_last={self.num_last}, num_best={self.num_best}: both set; choose the "
+                "newest (num_last) or the best (num_best) checkpoints"
+            )
+        if (self.num_last or self.num_best) and len(paths) != 1:
+            key = "num_last" if self.num_last else "num_best"
+            raise NmtError(
+                f"{setting(key, getattr(self, key))}: picks checkpoints of one run dir, but "
+                f"inputs lists {len(paths)} paths; give inputs=<run dir>, or drop {key} to "
+                "average the listed files"
+            )
+        if self.output == "":
+            raise NmtError("output='': empty; name the output file, or leave it null")
+
+    def input_paths(self) -> list[str]:
+        """`inputs` as a list of paths (one string is a list of one)."""
+        if self.inputs is None:
+            return []
+        if isinstance(self.inputs, (str, int, float)):
+            return [str(self.inputs)]
+        return [str(p) for p in self.inputs]

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from nmt.errors import NmtError
-from nmt.training.config import SCHEDULERS, OptimConfig
+from nmt.training.config import OptimConfig
 
 
 def _warmup(step: int, lr: float, warmup_updates: int, warmup_init_lr: float) -> float:
@@ -54,24 +53,13 @@ def fixed_lr(step: int, *, lr: float, warmup_updates: int, warmup_init_lr: float
 
 def schedule_function(cfg: OptimConfig, max_update: int) -> Callable[[int], float]:
     """The configured schedule as a function of the number of updates done."""
-    if cfg.scheduler not in SCHEDULERS:
-        raise NmtError(
-            f"optim.scheduler={cfg.scheduler!r}: unknown; use one of {', '.join(SCHEDULERS)}"
-        )
-    if cfg.warmup_updates < 0:
-        raise NmtError(f"optim.warmup_updates={cfg.warmup_updates}: must be >= 0")
+    cfg.validate()
     common = dict(lr=cfg.lr, warmup_updates=cfg.warmup_updates, warmup_init_lr=cfg.warmup_init_lr)
     if cfg.scheduler == "inverse_sqrt":
         return lambda step: inverse_sqrt_lr(step, **common)
     if cfg.scheduler == "fixed":
         return lambda step: fixed_lr(step, **common)
-    decay = cfg.decay_updates or max_update
-    if decay <= cfg.warmup_updates:
-        raise NmtError(
-            f"optim.decay_updates={cfg.decay_updates}, max_update={max_update}: the cosine "
-            f"schedule needs a decay end after warmup_updates={cfg.warmup_updates}; "
-            "set optim.decay_updates or max_update"
-        )
+    decay = cfg.decay_end(max_update)
     return lambda step: cosine_lr(step, decay_updates=decay, min_lr=cfg.min_lr, **common)
 
 
@@ -108,10 +96,7 @@ def build_optimizer(
     params: Iterable[torch.nn.Parameter], cfg: OptimConfig
 ) -> torch.optim.Optimizer:
     """Adam (L2 weight decay) or AdamW (decoupled), fused where torch supports it."""
-    if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
-        raise NmtError(f"optim.betas={list(cfg.betas)}: need two values in [0, 1)")
-    if cfg.lr <= 0:
-        raise NmtError(f"optim.lr={cfg.lr}: must be > 0")
+    cfg.validate()
     params = [p for p in params if p.requires_grad]
     # fused kernels exist for CPU and CUDA float tensors; one kernel per step instead of
     # a chain of foreach ops is noticeably faster on CPU.

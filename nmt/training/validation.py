@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,10 +19,52 @@ from nmt.data.batching import fixed_batches
 from nmt.data.collate import Batch, collate
 from nmt.data.dataset import PairDataset
 from nmt.data.vocab import EOS, PAD
+from nmt.distributed import DistEnv
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator
+from nmt.runtime import Runtime
 from nmt.scoring import corpus_bleu
+from nmt.training.config import TrainConfig
+from nmt.training.data import TrainData
 from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
+
+
+def evaluate(
+    model: torch.nn.Module, data: TrainData, cfg: TrainConfig, runtime: Runtime, env: DistEnv
+) -> dict[str, Any]:
+    """Valid loss/nll/ppl, and BLEU with its signature when cfg.eval_bleu; each rank takes
+    its share of the valid batches and the figures are reduced over ranks. The model is
+    left in training mode."""
+    if data.valid is None:
+        raise ValueError("evaluate: the run has no valid split")
+    model.eval()
+    try:
+        metrics: dict[str, Any] = valid_loss(
+            model,
+            data.valid,
+            data.valid_batches[env.rank :: env.world_size],
+            device=runtime.device,
+            autocast=runtime.autocast,
+            label_smoothing=cfg.label_smoothing,
+        )
+        if cfg.eval_bleu:
+            metrics["bleu"], metrics["bleu_signature"] = valid_bleu(
+                model,
+                data.valid,
+                data.bleu_indices,
+                data.tgt_tokenizer(),
+                device=runtime.device,
+                autocast=runtime.autocast,
+                max_tokens=cfg.valid_max_tokens or cfg.max_tokens,
+                rank=env.rank,
+                world_size=env.world_size,
+                beam=cfg.eval_bleu_beam,
+                len_a=cfg.eval_bleu_len_a,
+                len_b=cfg.eval_bleu_len_b,
+            )
+    finally:
+        model.train()
+    return metrics
 
 
 def decode_for_validation(

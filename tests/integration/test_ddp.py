@@ -18,9 +18,9 @@ import pytest
 from helpers import NO_DROPOUT, last_params, run_training, tiny_config
 
 from nmt.distributed import DistEnv, env_from_environ
-from nmt.training.trainer import Trainer
+from nmt.training import build_training
 
-# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+# build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/helpers.py, for the worker processes
@@ -103,7 +103,7 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
         valid[1]["bleu"]
     )
     # and training moved the weights: the comparison is not between two initialisations
-    init = Trainer(
+    init = build_training(
         tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)
     ).model.state_dict()
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
@@ -125,12 +125,12 @@ def start_ranks_with_a_faulty_rank_1(
         {imports}
 
         if os.environ["RANK"] == "1":
-            real_step = Trainer._train_step
+            real_step = Trainer.train_step
             def faulty_step(self, group):
-                if self.num_updates == 2:
+                if self.progress.num_updates == 2:
                     {fault}
                 real_step(self, group)
-            Trainer._train_step = faulty_step
+            Trainer.train_step = faulty_step
         main("train", ["data={demo_data_dir}", "save_dir={tmp_path / "run"}", "train_split=valid",
                        "valid_split=''", "max_tokens=500", "max_update=50", "threads=1", "device=cpu",
                        "ddp_timeout=20", "tensorboard=false", "progress_bar=false",

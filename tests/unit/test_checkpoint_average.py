@@ -1,45 +1,55 @@
-"""scripts/average_checkpoints.py: the mean of the selected checkpoints, loadable for inference."""
+"""nmt.training.averaging (nmt-average's library): the mean of the selected checkpoints,
+loadable for inference; what it selects, where it writes, and what it refuses."""
 
 from __future__ import annotations
 
-import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_training, tiny_config
+from helpers import TINY_MODEL, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
-from nmt.training.checkpointing import average_checkpoints
+from nmt.training.averaging import average, average_checkpoints, select_checkpoints
+from nmt.training.config import AverageConfig
 
-# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+# build_training(threads=1) sets torch's global thread count; the fixture restores it.
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "average_checkpoints.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("average_checkpoints", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def run_dir(demo_data_dir, tmp_path_factory):
+    """Updates 1-4 saved as numbered checkpoints; validation every update keeps the best 2."""
     save_dir = tmp_path_factory.mktemp("avg") / "run"
-    run_training(tiny_config(demo_data_dir, save_dir, max_update=4, save_interval_updates=1))
+    run_training(
+        tiny_config(
+            demo_data_dir,
+            save_dir,
+            max_update=4,
+            save_interval_updates=1,
+            valid_split="test",
+            validate_interval_updates=1,
+            keep_best=2,
+        )
+    )
     return save_dir
 
 
-def test_average_of_the_last_k(run_dir, tmp_path, capsys):
+def _models(paths: list[Path]) -> list[dict[str, torch.Tensor]]:
+    return [load_checkpoint(p)["model"] for p in paths]
+
+
+def test_average_of_the_last_k(run_dir, tmp_path):
     out = tmp_path / "avg.pt"
-    assert _script().main(["--inputs", str(run_dir), "--num-last", "3", "--output", str(out)]) == 0
-    assert "averaged 3 checkpoints" in capsys.readouterr().out
+    result = average(AverageConfig(inputs=str(run_dir), num_last=3, output=str(out)))
+    assert [p.name for p in result.inputs] == [f"checkpoint_1_{u}.pt" for u in (4, 3, 2)]
+    assert result.output == out
     avg = load_checkpoint(out)
     assert "train_state" not in avg
-    inputs = [load_checkpoint(run_dir / f"checkpoint_1_{u}.pt")["model"] for u in (2, 3, 4)]
+    assert avg["config"]["averaged_from"] == [str(p) for p in result.inputs]
+    inputs = _models([run_dir / f"checkpoint_1_{u}.pt" for u in (2, 3, 4)])
     for key, value in avg["model"].items():
         expected = sum(m[key].double() for m in inputs) / 3
         assert torch.allclose(value.double(), expected, atol=1e-6), key
@@ -47,14 +57,31 @@ def test_average_of_the_last_k(run_dir, tmp_path, capsys):
     assert bundle.model.training is False
 
 
-def test_explicit_files_and_the_default_output(run_dir, capsys):
-    files = [str(run_dir / f"checkpoint_1_{u}.pt") for u in (1, 2)]
-    assert _script().main(["--inputs", *files]) == 0
-    avg = load_checkpoint(run_dir / "checkpoint_avg.pt")["model"]
-    one, two = (load_checkpoint(f)["model"] for f in files)
+def test_average_of_the_best_k_and_default_names(run_dir):
+    result = average(AverageConfig(inputs=str(run_dir), num_best=2))
+    assert result.output == run_dir / "checkpoint_avg_best2.pt"
+    names = [p.name for p in result.inputs]
+    assert len(names) == 2 and all(n.startswith("checkpoint.best_loss_") for n in names)
+    values = [float(n[len("checkpoint.best_loss_") : -3]) for n in names]
+    assert values == sorted(values)  # best (lowest loss) first
+    avg = load_checkpoint(result.output)["model"]
+    one, two = _models(result.inputs)
     assert all(torch.allclose(avg[k], (one[k] + two[k]) / 2, atol=1e-7) for k in avg)
-    assert _script().main(["--inputs", str(run_dir)]) == 2
-    assert "needs --num-last K or --num-best K" in capsys.readouterr().err
+    last = average(AverageConfig(inputs=str(run_dir), num_last=2))
+    assert last.output == run_dir / "checkpoint_avg_last2.pt"
+
+
+def test_explicit_files_and_the_default_output(run_dir):
+    files = [str(run_dir / f"checkpoint_1_{u}.pt") for u in (1, 2)]
+    result = average(AverageConfig(inputs=files))
+    assert result.output == run_dir / "checkpoint_avg.pt"
+    avg = load_checkpoint(run_dir / "checkpoint_avg.pt")["model"]
+    one, two = _models([Path(f) for f in files])
+    assert all(torch.allclose(avg[k], (one[k] + two[k]) / 2, atol=1e-7) for k in avg)
+    with pytest.raises(
+        NmtError, match=r"a run dir; pick its checkpoints with num_last=K or num_best=K"
+    ):
+        average(AverageConfig(inputs=str(run_dir)))
 
 
 def test_averaging_one_checkpoint_is_the_identity(run_dir):
@@ -64,20 +91,56 @@ def test_averaging_one_checkpoint_is_the_identity(run_dir):
     assert all(torch.equal(avg["model"][k], original[k]) for k in original)
 
 
-def test_asking_for_more_than_exist_is_an_error(run_dir, capsys):
-    assert _script().main(["--inputs", str(run_dir), "--num-last", "99"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("average_checkpoints: error:") and "asked for 99 but found 4" in err
+def test_asking_for_more_than_exist_is_an_error(run_dir):
+    with pytest.raises(NmtError, match="asked for 99 but found 4") as info:
+        select_checkpoints(run_dir, num_last=99)
+    assert str(info.value).startswith(f"{run_dir}: ")
+    with pytest.raises(NmtError, match="asked for 3 but found 2"):
+        select_checkpoints(run_dir, num_best=3)
+
+
+def test_the_output_may_not_be_an_input(run_dir):
+    last = run_dir / "checkpoint_1_4.pt"
+    before = last.read_bytes()
+    with pytest.raises(NmtError, match=r"^output=.*checkpoint_1_4.pt: is one of the inputs"):
+        average(AverageConfig(inputs=str(run_dir), num_last=2, output=str(last)))
+    assert last.read_bytes() == before
+
+
+def test_best_files_of_several_metrics_are_not_mixed(tmp_path):
+    for name in ("checkpoint.best_loss_3.0000.pt", "checkpoint.best_bleu_20.0000.pt"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(NmtError, match=r"several metrics \(loss, bleu\); list the files"):
+        select_checkpoints(tmp_path, num_best=1)
 
 
 def test_checkpoints_of_different_models_are_refused(run_dir, demo_data_dir, tmp_path):
-    from dataclasses import replace
-
-    from helpers import TINY_MODEL
-
     other = tmp_path / "other"
     run_training(
         tiny_config(demo_data_dir, other, model=replace(TINY_MODEL, ffn_dim=48), max_update=1)
     )
     with pytest.raises(NmtError, match="model_config differs"):
         average_checkpoints([run_dir / "checkpoint_last.pt", other / "checkpoint_last.pt"])
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (AverageConfig(), "inputs=null: no checkpoints to average; give a run dir"),
+        (AverageConfig(inputs=[]), "inputs=[]: no checkpoints to average"),
+        (AverageConfig(inputs="run", num_last=-1), "num_last=-1: must be 0 or more; use 0"),
+        (
+            AverageConfig(inputs="run", num_last=2, num_best=2),
+            "num_last=2, num_best=2: both set; choose",
+        ),
+        (
+            AverageConfig(inputs=["a.pt", "b.pt"], num_best=2),
+            "num_best=2: picks checkpoints of one run dir, but inputs lists 2 paths; give",
+        ),
+        (AverageConfig(inputs="run", num_last=1, output=""), "output='': empty;"),
+    ],
+)
+def test_config_mistakes_name_the_key(cfg, message):
+    with pytest.raises(NmtError) as info:
+        cfg.validate()
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)

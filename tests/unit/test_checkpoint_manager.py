@@ -1,11 +1,16 @@
 """The checkpoint manager: files written, pruning, links, RNG capture, best tracking."""
 
+import errno
+import os
 import random
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from nmt.checkpoint import build_checkpoint, load_checkpoint
+from nmt.errors import NmtError
 from nmt.training.checkpointing import BestTracker, CheckpointManager, rng_state, set_rng_state
 
 
@@ -73,3 +78,45 @@ def test_best_tracker_patience_and_direction():
     fresh = BestTracker("bleu", maximize=True)
     fresh.load_state_dict(t.state_dict())  # another metric: start afresh
     assert fresh.best is None
+
+
+def test_stale_temporaries_of_every_name_are_removed_and_nothing_else(tmp_path):
+    """What a kill leaves mid-write, in nmt.fsutil's naming `.<name>.<random>.tmp`: the
+    serialised checkpoint, a link being put in place, config.yaml."""
+    m = CheckpointManager(tmp_path, keep_last=-1, keep_best=1, metric="loss", maximize=False)
+    m.save(_state(1), epoch=1, update=1, numbered=True, best_value=2.5)
+    stale = [
+        ".checkpoint_last.pt.k3j4_x9q.tmp",
+        ".checkpoint_1_2.pt.0a1b2c3d.tmp",
+        ".checkpoint.best_loss_2.0000.pt.0a1b2c3d.tmp",
+        ".checkpoint_best.pt.link.tmp",  # the name runs before issue 16 used for links
+        ".config.yaml.abcd1234.tmp",
+    ]
+    kept = ["notes.tmp", ".checkpoint_last.pt.swp", "train.jsonl"]
+    for name in stale + kept:
+        (tmp_path / name).write_bytes(b"partial")
+    before = {p.name for p in tmp_path.glob("checkpoint*.pt")}
+    removed = m.remove_stale_temps()
+    assert sorted(p.name for p in removed) == sorted(stale)
+    assert all((tmp_path / name).exists() for name in kept)
+    assert {p.name for p in tmp_path.glob("checkpoint*.pt")} == before
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["train_state"]["num_updates"] == 1
+
+
+def test_a_failed_link_leaves_no_temporary(tmp_path, monkeypatch):
+    m = CheckpointManager(tmp_path, keep_last=-1, keep_best=0, metric="loss", maximize=False)
+    real_replace = os.replace
+
+    def replace_fails_for_links(src, dst):
+        if Path(dst).name != "checkpoint_last.pt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_fails_for_links)
+    with pytest.raises(
+        NmtError, match=r"could not write checkpoint files .*; checkpoint_last.pt is complete"
+    ):
+        m.save(_state(2), epoch=1, update=2, numbered=True, best_value=None)
+    monkeypatch.undo()
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["num_updates"] == 2

@@ -10,27 +10,29 @@ import torch
 from helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint
+from nmt.training import build_training
 from nmt.training.trainer import Trainer
 
-# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+# build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOTAL = 16  # the demo valid split at max_tokens=500, update_freq=2: ~10 updates per epoch
 
 
 def _epoch_length(demo_data_dir, tmp_path) -> int:
-    t = Trainer(tiny_config(demo_data_dir, tmp_path / "probe", update_freq=2))
+    t = build_training(tiny_config(demo_data_dir, tmp_path / "probe", update_freq=2))
     from nmt.data.batching import epoch_batches
 
     batches = epoch_batches(
-        t.train_indices,
-        t.train_data.src_sizes,
-        t.train_data.tgt_sizes,
+        t.data.train_indices,
+        t.data.train.src_sizes,
+        t.data.train.tgt_sizes,
         max_tokens=500,
         max_sentences=0,
         seed=1,
         epoch=1,
     )
+    assert [b.tolist() for b in t.data.epoch_batches(1)] == [b.tolist() for b in batches]
     return -(-len(batches) // 2)
 
 
@@ -66,14 +68,14 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(
 def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(
     demo_data_dir, tmp_path, uninterrupted, monkeypatch
 ):
-    real_step = Trainer._train_step
+    real_step = Trainer.train_step
 
     def step_then_signal(self, group):
         real_step(self, group)
-        if self.num_updates == 3:
+        if self.progress.num_updates == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-loop, like a scheduler's kill
 
-    monkeypatch.setattr(Trainer, "_train_step", step_then_signal)
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
     result = run_training(
         tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL)
     )
@@ -83,7 +85,7 @@ def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(
         and result.num_updates == 3
     )
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
-    monkeypatch.setattr(Trainer, "_train_step", real_step)
+    monkeypatch.setattr(Trainer, "train_step", real_step)
     run_training(tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL))
     assert_bitwise_equal(last_params(tmp_path / "run"), last_params(uninterrupted))
 
@@ -99,7 +101,7 @@ def test_rerunning_a_finished_run_changes_nothing(demo_data_dir, tmp_path):
 
 def test_resets_and_finetune(demo_data_dir, tmp_path):
     run_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=5))
-    t = Trainer(
+    t = build_training(
         tiny_config(
             demo_data_dir,
             tmp_path / "run",
@@ -109,18 +111,19 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
             reset_optimizer=True,
         )
     )
-    assert t.num_updates == 5 and (t.epoch, t.position) == (1, 0)
-    assert t.scheduler.lr_at(t.num_updates) == t.cfg.optim.warmup_init_lr  # the schedule restarts
+    assert t.progress.num_updates == 5 and (t.progress.epoch, t.progress.position) == (1, 0)
+    # the schedule restarts
+    assert t.scheduler.lr_at(t.progress.num_updates) == t.cfg.optim.warmup_init_lr
     assert not t.optimizer.state  # fresh Adam moments
-    kept = Trainer(tiny_config(demo_data_dir, tmp_path / "run", max_update=8))
-    assert kept.position > 0 and kept.optimizer.state
+    kept = build_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=8))
+    assert kept.progress.position > 0 and kept.optimizer.state
 
-    ft = Trainer(
+    ft = build_training(
         tiny_config(
             demo_data_dir,
             tmp_path / "ft",
             finetune_from=str(tmp_path / "run" / "checkpoint_last.pt"),
         )
     )
-    assert ft.num_updates == 0 and not ft.optimizer.state
+    assert ft.progress.num_updates == 0 and not ft.optimizer.state
     assert_bitwise_equal(ft.model.state_dict(), last_params(tmp_path / "run"))

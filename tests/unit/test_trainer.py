@@ -13,11 +13,12 @@ from helpers import TINY_MODEL, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
-from nmt.training import trainer as trainer_module
+from nmt.training import build_training
+from nmt.training import step as step_module
 from nmt.training.config import OptimConfig
 from nmt.training.trainer import Trainer
 
-# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+# build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -156,7 +157,7 @@ def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
 
 
 def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkeypatch):
-    real_loss = trainer_module.output_layer_loss
+    real_loss = step_module.output_layer_loss
     calls = {"n": 0}
 
     def poisoned(features, weight, target, eps, pad):
@@ -166,7 +167,7 @@ def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkey
             out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_module, "output_layer_loss", poisoned)
+    monkeypatch.setattr(step_module, "output_layer_loss", poisoned)
     cfg = tiny_config(demo_data_dir, tmp_path / "run", save_interval_updates=2, max_update=10)
     with pytest.raises(NmtError, match=r"update 3: the loss or gradient is not finite"):
         run_training(cfg)
@@ -183,17 +184,17 @@ def test_long_sentences_are_skipped_on_train_and_an_error_on_valid(demo_data_dir
     err = capsys.readouterr().err
     assert "train: skipped" in err and "longer than the model's positions" in err
     with pytest.raises(NmtError, match=r"/test: \d+ pairs .* longer than the model's positions"):
-        Trainer(replace(cfg, valid_split="test"))
+        build_training(replace(cfg, valid_split="test"))
 
 
 @pytest.mark.parametrize(
     "overrides, key",
     [
         ({"precision": "fp16"}, "precision=fp16"),
-        ({"precision": "fp8"}, "precision='fp8'"),
+        ({"precision": "fp8"}, "precision=fp8"),
         ({"best_metric": "bleu"}, "best_metric=bleu"),
         ({"update_freq": 0}, "update_freq=0"),
-        ({"train_split": "nope"}, "train_split='nope'"),
+        ({"train_split": "nope"}, "train_split=nope"),
         ({"data": "/nonexistent/data-bin"}, "/nonexistent/data-bin"),
     ],
 )
@@ -202,7 +203,7 @@ def test_config_mistakes_are_one_line_errors_naming_the_key(
 ):
     cfg = tiny_config(demo_data_dir, tmp_path / "run", **overrides)
     with pytest.raises(NmtError) as info:
-        Trainer(cfg)
+        build_training(cfg)
     assert key in str(info.value) and "\n" not in str(info.value)
 
 
@@ -210,7 +211,7 @@ def test_resuming_with_another_architecture_is_refused(demo_data_dir, tmp_path):
     run_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=1))
     wider = replace(TINY_MODEL, embed_dim=32)
     with pytest.raises(NmtError, match="model.embed_dim=16 but the config says 32"):
-        Trainer(tiny_config(demo_data_dir, tmp_path / "run", model=wider, max_update=2))
+        build_training(tiny_config(demo_data_dir, tmp_path / "run", model=wider, max_update=2))
 
 
 def test_cli_composes_the_yaml_and_reports_errors_in_one_line(demo_data_dir, tmp_path, capsys):
@@ -223,7 +224,7 @@ def test_cli_composes_the_yaml_and_reports_errors_in_one_line(demo_data_dir, tmp
                 f"data={demo_data_dir}",
                 "model=transformer_small",
                 "optim=adam_cosine",
-                "max_update=100",
+                "max_update=2000",  # the cosine decay must end after the 1000 warmup updates
             ],
         )
     )

@@ -15,10 +15,11 @@ import torch
 from helpers import run_training, tiny_config
 
 from nmt.errors import NmtError
-from nmt.training import trainer as trainer_module
+from nmt.training import build_training
+from nmt.training import step as step_module
 from nmt.training.trainer import Trainer
 
-# Trainer(threads=1) sets torch's global thread count; the fixture restores it after each test.
+# build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -29,9 +30,9 @@ def _trainer_with_cpu_scaler(
 ) -> Trainer:
     """A Trainer whose scaler is a live CPU GradScaler, and whose loss overflows to inf
     in the micro-batches numbered `overflow_at` (1-based), as an fp16 overflow would."""
-    trainer = Trainer(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
+    trainer = build_training(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    real_loss = trainer_module.output_layer_loss
+    real_loss = step_module.output_layer_loss
     calls = {"n": 0}
 
     def overflowing(features, weight, target, eps, pad):
@@ -41,7 +42,7 @@ def _trainer_with_cpu_scaler(
             out.loss = out.loss * float("inf")
         return out
 
-    monkeypatch.setattr(trainer_module, "output_layer_loss", overflowing)
+    monkeypatch.setattr(step_module, "output_layer_loss", overflowing)
     return trainer
 
 
@@ -52,7 +53,7 @@ def test_an_overflow_skips_the_update_and_lowers_the_scale(demo_data_dir, tmp_pa
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     result = trainer.run()
     # 4 batches for 3 updates: the second batch overflowed and its update was skipped
-    assert result.num_updates == 3 and trainer.position == 4
+    assert result.num_updates == 3 and trainer.progress.position == 4
     assert trainer.scaler.get_scale() == 512.0  # halved once, not grown back yet
     events = [
         json.loads(line) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()
@@ -78,7 +79,7 @@ def test_the_scale_falling_below_the_minimum_stops_the_run(demo_data_dir, tmp_pa
         r"at update 1",
     ):
         trainer.run()
-    assert trainer.num_updates == 0
+    assert trainer.progress.num_updates == 0
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import torch
 from helpers import NO_DROPOUT, tiny_config
 
 from nmt.errors import NmtError
+from nmt.training import build_training
 from nmt.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,7 +24,7 @@ def _trainer_running_out_of_memory(
 ) -> Trainer:
     """A Trainer whose model's forward raises OutOfMemoryError on the calls numbered in
     `oom_calls` (1-based), after the backward of earlier micro-batches has left gradients."""
-    trainer = Trainer(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
+    trainer = build_training(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
     real_forward = trainer.model.forward
     calls = {"n": 0}
 
@@ -49,7 +50,9 @@ def test_an_out_of_memory_batch_is_skipped_and_counted(demo_data_dir, tmp_path):
     )
     result = trainer.run()
     assert result.num_updates == 3 and trainer.oom_skips == 1
-    assert trainer.position == 8  # 4 updates' worth of batches consumed: one update dropped
+    assert (
+        trainer.progress.position == 8
+    )  # 4 updates' worth of batches consumed: one update dropped
     ooms = _events(tmp_path / "run", "oom")
     assert [(e["update"], e["skipped_total"]) for e in ooms] == [(2, 1)]
     assert _events(tmp_path / "run", "stop")[0]["oom_skipped"] == 1
@@ -70,7 +73,7 @@ def test_the_skipped_update_leaves_no_partial_gradient(demo_data_dir, tmp_path):
             model=NO_DROPOUT,
         )
         trainer.run()
-        assert trainer.num_updates == 2 and trainer.oom_skips == 1
+        assert trainer.progress.num_updates == 2 and trainer.oom_skips == 1
         params[name] = trainer.model.state_dict()
     for key, value in params["after_backward"].items():
         assert torch.equal(value, params["before_backward"][key]), key

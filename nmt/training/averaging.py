@@ -1,0 +1,117 @@
+"""Checkpoint averaging (nmt-average, fairseq's scripts/average_checkpoints.py): pick a run's
+newest or best checkpoints, or take listed files, and write one checkpoint whose weights are
+their mean. The result has no train_state: start a new run from it with finetune_from=.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.errors import NmtError
+from nmt.training.checkpointing import CheckpointManager
+from nmt.training.config import BEST_METRICS, AverageConfig
+
+_NUMBERED = "numbered checkpoints (checkpoint_<epoch>_<update>.pt, kept: keep_last)"
+_BEST = "checkpoint.best_<metric>_<value>.pt files (kept: keep_best)"
+
+
+@dataclass
+class AverageResult:
+    inputs: list[Path]  # the averaged checkpoints, newest (or best) first
+    output: Path
+
+
+def average(cfg: AverageConfig) -> AverageResult:
+    """nmt-average's work: select, average, write `output` atomically."""
+    cfg.validate()
+    paths = [Path(p) for p in cfg.input_paths()]
+    if cfg.num_last or cfg.num_best:
+        run_dir = paths[0]
+        inputs = select_checkpoints(run_dir, num_last=cfg.num_last, num_best=cfg.num_best)
+        kind = f"last{cfg.num_last}" if cfg.num_last else f"best{cfg.num_best}"
+        output = Path(cfg.output) if cfg.output else run_dir / f"checkpoint_avg_{kind}.pt"
+    else:
+        for path in paths:
+            if path.is_dir():
+                raise NmtError(
+                    f"inputs={path}: a run dir; pick its checkpoints with num_last=K or "
+                    "num_best=K, or list checkpoint files"
+                )
+        inputs = paths
+        output = Path(cfg.output) if cfg.output else paths[0].with_name("checkpoint_avg.pt")
+    if any(output.resolve() == p.resolve() for p in inputs):
+        raise NmtError(f"output={output}: is one of the inputs; write the average elsewhere")
+    save_checkpoint(average_checkpoints(inputs), output)
+    return AverageResult(inputs=inputs, output=output)
+
+
+def select_checkpoints(run_dir: Path, *, num_last: int = 0, num_best: int = 0) -> list[Path]:
+    """The `num_last` newest numbered checkpoints of `run_dir`, or its `num_best` best ones;
+    newest (or best) first."""
+    if not run_dir.is_dir():
+        raise NmtError(f"{run_dir}: no such run dir; give the save_dir of a training run")
+    if num_last:
+        manager = CheckpointManager(run_dir, keep_last=-1, keep_best=0, metric="", maximize=False)
+        found, what, want = [p for _, p in manager.numbered()], _NUMBERED, num_last
+    else:
+        by_metric = {}
+        for metric in BEST_METRICS:
+            manager = CheckpointManager(
+                run_dir, keep_last=-1, keep_best=0, metric=metric, maximize=metric == "bleu"
+            )
+            if manager.best_k():
+                by_metric[metric] = [p for _, p in manager.best_k()]
+        if len(by_metric) > 1:
+            raise NmtError(
+                f"{run_dir}: holds best checkpoints of several metrics ({', '.join(by_metric)}); "
+                "list the files to average in inputs=[...]"
+            )
+        found = next(iter(by_metric.values()), [])
+        what, want = _BEST, num_best
+    if len(found) < want:
+        raise NmtError(f"{run_dir}: asked for {want} but found {len(found)} {what}; ask for fewer")
+    return found[:want]
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """One checkpoint whose weights are the mean of `paths` (first = the newest/best).
+
+    All inputs must share model config, vocabulary and tokenizers; the result keeps the
+    first one's inference part, drops train_state (it resumes nothing) and has
+    config = {averaged_from: [paths], training_config: the first one's config}.
+    """
+    if not paths:
+        raise NmtError("inputs=[]: no checkpoints to average; list one or more")
+    first = load_checkpoint(paths[0])
+    sums = {k: v.double() for k, v in first["model"].items() if v.is_floating_point()}
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path)
+        for key in ("model_config", "data"):
+            if ckpt[key] != first[key]:
+                raise NmtError(
+                    f"{path}: its {key} differs from {paths[0]}'s; average checkpoints of one run"
+                )
+        if any(
+            not torch.equal(ckpt["tokenizers"][s], first["tokenizers"][s]) for s in ("src", "tgt")
+        ):
+            raise NmtError(
+                f"{path}: its tokenizer differs from {paths[0]}'s; average checkpoints of one run"
+            )
+        for k in sums:
+            sums[k] += ckpt["model"][k].double()
+    model = dict(first["model"])
+    for k, total in sums.items():
+        model[k] = (total / len(paths)).to(first["model"][k].dtype)
+    averaged = {k: v for k, v in first.items() if k != "train_state"}
+    averaged["model"] = model
+    # As imported checkpoints do: `config` says where the weights came from.
+    averaged["config"] = {
+        "averaged_from": [str(p) for p in paths],
+        "training_config": first.get("config"),
+    }
+    return averaged

@@ -1,0 +1,131 @@
+"""build_training(cfg): everything a run needs, ready to train or to resume.
+
+In order: the config's own checks, device and precision (nmt.runtime), the process group
+under torchrun, the data, the model (the same initial weights on every rank), optimizer,
+schedule and loss scaler, then the restore from checkpoint_last.pt (or finetune_from) with
+its compatibility checks, and last the DDP wrapper and the logs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from nmt import distributed, runtime
+from nmt.data.meta import DataMeta
+from nmt.data.vocab import PAD
+from nmt.distributed import DistEnv
+from nmt.errors import NmtError
+from nmt.model.transformer import Transformer
+from nmt.training.checkpointing import BestTracker, CheckpointManager
+from nmt.training.config import TrainConfig
+from nmt.training.data import load_train_data
+from nmt.training.logging import TrainLogger
+from nmt.training.meter import TrainMeter
+from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
+from nmt.training.state import restore
+from nmt.training.trainer import Progress, Trainer
+
+
+def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
+    """The Trainer of `cfg` on this process (`env`: torchrun's, read from the environment
+    when None). Resumes from <save_dir>/checkpoint_last.pt when it exists."""
+    cfg.validate()
+    env = env or distributed.env_from_environ()
+    rt = runtime.setup(
+        cfg.device,
+        cfg.precision,
+        threads=cfg.threads,
+        local_rank=env.local_rank,
+        distributed=env.is_distributed,
+    )
+    distributed.init_process_group(env, rt.device, cfg.ddp_timeout)
+    data = load_train_data(cfg)
+    model = build_model(cfg, data.meta, rt.device, env.rank)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    scheduler = LRScheduler(optimizer, schedule_function(cfg.optim, cfg.max_update))
+    scaler = torch.amp.GradScaler(
+        rt.device.type, init_scale=cfg.fp16_init_scale, enabled=cfg.precision == "fp16"
+    )
+    maximize = cfg.best_metric == "bleu"
+    best = BestTracker(cfg.best_metric, maximize)
+    checkpoints = CheckpointManager(
+        cfg.save_dir,
+        keep_last=cfg.keep_last,
+        keep_best=cfg.keep_best,
+        metric=cfg.best_metric,
+        maximize=maximize,
+    )
+    progress = Progress()
+    restored = restore(
+        cfg,
+        data,
+        checkpoints.last_path,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        best=best,
+        progress=progress,
+        rank=env.rank,
+        device=rt.device,
+    )
+    ddp = None
+    if env.is_distributed:
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[rt.device] if rt.device.type == "cuda" else None,
+            # Buffers (position tables) are constants: no need to sync them every forward.
+            forward_sync_buffers=False,
+            gradient_as_bucket_view=True,
+        )
+    logger = TrainLogger(
+        cfg.save_dir,
+        enabled=env.is_main,
+        progress_bar=cfg.progress_bar,
+        tensorboard=cfg.tensorboard,
+        start_update=progress.num_updates,
+    )
+    for line in data.notes + ([restored] if restored else []):
+        logger.message(line)
+    return Trainer(
+        cfg=cfg,
+        env=env,
+        runtime=rt,
+        data=data,
+        model=model,
+        ddp=ddp,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=scaler,
+        best=best,
+        checkpoints=checkpoints,
+        progress=progress,
+        logger=logger,
+        meter=TrainMeter(rt.device, cfg.precision),
+        last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
+    )
+
+
+def build_model(cfg: TrainConfig, meta: DataMeta, device: torch.device, rank: int) -> Transformer:
+    """The model of cfg.model for the data dir's vocabularies, with the same initial weights
+    on every rank; then each rank's dropout stream is seeded apart."""
+    if cfg.model.share_all_embeddings and not meta.joint_vocab:
+        # equal sizes are not enough: id i is a different piece on each side
+        raise NmtError(
+            f"model.share_all_embeddings=true: {cfg.data} has separate source and "
+            "target vocabularies; set it to false or preprocess with spm.joint=true"
+        )
+    cfg.model.validate(meta.src_vocab_size, meta.tgt_vocab_size, PAD)
+    torch.manual_seed(cfg.seed)
+    model = Transformer(
+        cfg.model,
+        src_vocab_size=meta.src_vocab_size,
+        tgt_vocab_size=meta.tgt_vocab_size,
+        pad_id=PAD,
+    ).to(device)
+    # Dropout draws from a stream of its own per rank (rank 0 of a job = a lone process).
+    stream = int(np.random.SeedSequence([cfg.seed, rank]).generate_state(1)[0])
+    torch.manual_seed(stream)
+    np.random.seed(stream)
+    return model

@@ -1,0 +1,224 @@
+"""The training loop: epochs of seeded batch lists, one update per group of batches, and
+after each update the logging, validation and checkpoint cadence and the stopping rules
+(max_update, max_epoch, max_time, patience, SIGINT/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import yaml
+
+from nmt import distributed
+from nmt.fsutil import atomic_write_text
+from nmt.training import state
+
+if TYPE_CHECKING:
+    from nmt.training.trainer import Trainer
+
+
+@dataclass
+class TrainResult:
+    """How a run ended."""
+
+    num_updates: int
+    epoch: int  # the epoch the next update would belong to
+    best: float | None  # best validation value of best_metric
+    stop_reason: str  # max_update | max_epoch | max_time | patience | signal
+    signal: int | None = None  # the signal number when stop_reason == "signal"
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to finish its update, save checkpoint_last and stop.
+
+    A second signal of the same kind acts as it normally would (Ctrl-C twice aborts now;
+    the checkpoint files stay complete because every write is atomic).
+    """
+
+    def __init__(self, notify) -> None:
+        self.received: int | None = None
+        self._notify = notify
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        self._notify(
+            f"{signal.Signals(signum).name}: finishing this update, then saving "
+            "checkpoint_last.pt (send it again to stop at once)"
+        )
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run(t: Trainer) -> TrainResult:
+    """Train until a stopping rule fires; always leaves a resumable checkpoint_last.pt."""
+    try:
+        with StopSignals(t.logger.message) as signals:
+            return _train(t, signals)
+    except Exception as exc:
+        if t.env.is_distributed and distributed.is_collective_failure(exc):
+            where = f"near update {t.progress.num_updates + 1}"
+            raise distributed.peer_error(exc, t.env, where) from exc
+        raise
+    finally:
+        t.logger.close()
+        distributed.destroy_process_group()
+
+
+def prepare_run_dir(t: Trainer) -> None:
+    """Rank 0: remove what a killed run left mid-write; save the resolved config."""
+    if not t.env.is_main:
+        return
+    t.checkpoints.save_dir.mkdir(parents=True, exist_ok=True)
+    for path in t.checkpoints.remove_stale_temps():
+        t.logger.message(f"removed {path.name}, an unfinished write")
+    config = yaml.safe_dump(asdict(t.cfg), sort_keys=False)
+    atomic_write_text(t.checkpoints.save_dir / "config.yaml", config)
+
+
+def _train(t: Trainer, signals: StopSignals) -> TrainResult:
+    cfg, progress = t.cfg, t.progress
+    prepare_run_dir(t)
+    t.logger.event(
+        "start",
+        update=progress.num_updates,
+        epoch=progress.epoch,
+        position=progress.position,
+        world_size=t.env.world_size,
+        device=str(t.device),
+        config=asdict(cfg),
+    )
+    t.meter.start_run()
+    group_size = t.env.world_size * cfg.update_freq
+    stop: str | None = None
+    if cfg.max_update and progress.num_updates >= cfg.max_update:
+        stop = "max_update"
+    elif cfg.max_epoch and progress.epoch > cfg.max_epoch:
+        stop = "max_epoch"
+    while stop is None:
+        batches = t.data.epoch_batches(progress.epoch)
+        if progress.position >= len(batches):  # the batch list shrank since the checkpoint
+            progress.epoch, progress.position = progress.epoch + 1, 0
+            continue
+        t.logger.epoch_bar(
+            progress.epoch, -(-len(batches) // group_size), progress.position // group_size
+        )
+        while stop is None:
+            group = batches[progress.position : progress.position + group_size]
+            t.train_step(group)
+            progress.position += len(group)
+            end_of_epoch = progress.position >= len(batches)
+            finished_epoch = progress.epoch
+            if end_of_epoch:
+                progress.epoch, progress.position = progress.epoch + 1, 0
+            stop = after_update(t, signals, end_of_epoch, finished_epoch)
+            if end_of_epoch:
+                break
+    if t.last_saved_update != progress.num_updates:
+        state.save(t, numbered=False, best_value=None)
+    t.logger.close_bar()
+    t.logger.event(
+        "stop",
+        update=progress.num_updates,
+        epoch=progress.epoch,
+        reason=stop,
+        best=t.best.best,
+        oom_skipped=t.oom_skips,
+    )
+    best = "" if t.best.best is None else f"; best {cfg.best_metric} {t.best.best:.4f}"
+    ooms = f"; {t.oom_skips} updates skipped (out of memory)" if t.oom_skips else ""
+    t.logger.message(f"stopped ({stop}) after {progress.num_updates} updates{best}{ooms}")
+    return TrainResult(
+        num_updates=progress.num_updates,
+        epoch=progress.epoch,
+        best=t.best.best,
+        stop_reason=stop,
+        signal=signals.received,
+    )
+
+
+def after_update(
+    t: Trainer, signals: StopSignals, end_of_epoch: bool, finished_epoch: int
+) -> str | None:
+    """Logging, validation, checkpoints and the stopping rules after one update; returns
+    why the run stops now, or None."""
+    cfg = t.cfg
+    u = t.progress.num_updates
+    t.logger.advance()
+    stop = None
+    got_signal, time_up = _agree_to_stop(t, signals)
+    if got_signal:
+        stop = "signal"
+    elif cfg.max_update and u >= cfg.max_update:
+        stop = "max_update"
+    elif end_of_epoch and cfg.max_epoch and finished_epoch >= cfg.max_epoch:
+        stop = "max_epoch"
+    elif time_up:
+        stop = "max_time"
+    if (u % cfg.log_interval == 0 or end_of_epoch or stop) and t.meter.updates:
+        log_train(t, finished_epoch)
+    do_valid = (
+        t.data.valid is not None
+        and stop != "signal"
+        and (
+            (cfg.validate_interval_updates and u % cfg.validate_interval_updates == 0)
+            or (end_of_epoch and cfg.validate_every_epoch)
+            or stop in ("max_update", "max_time")
+        )
+    )
+    best_value = None
+    if do_valid:
+        metrics = t.validate()
+        value = metrics[cfg.best_metric]
+        if t.best.update(value):
+            best_value = value
+        metrics["best"] = t.best.best
+        t.logger.valid(u, finished_epoch, metrics)
+        if cfg.patience and t.best.bad_validations >= cfg.patience and stop is None:
+            stop = "patience"
+            t.logger.message(
+                f"patience: {cfg.best_metric} did not improve in {cfg.patience} validations"
+            )
+    state.save_after_update(
+        t,
+        end_of_epoch=end_of_epoch,
+        epoch=finished_epoch,
+        best_value=best_value,
+        stopping=stop is not None,
+    )
+    return stop
+
+
+def _agree_to_stop(t: Trainer, signals: StopSignals) -> tuple[bool, bool]:
+    """(signal seen, time up), agreed by all ranks so that they stop at the same update."""
+    time_up = bool(t.cfg.max_time) and t.training_seconds() / 3600.0 >= t.cfg.max_time
+    if not t.env.is_distributed:
+        return signals.received is not None, time_up
+    flags = torch.tensor([float(signals.received is not None), float(time_up)], device=t.device)
+    distributed.all_reduce_max(flags)
+    got_signal, time_up = (bool(v) for v in flags.tolist())
+    if got_signal and signals.received is None:
+        signals.received = int(signal.SIGTERM)  # another rank got it
+    return got_signal, time_up
+
+
+def log_train(t: Trainer, epoch: int) -> None:
+    """The figures since the last log line, to every log channel (a collective)."""
+    metrics: dict[str, float] = t.meter.summary()
+    metrics["wall"] = round(t.training_seconds(), 1)
+    if t.scaler.is_enabled():
+        metrics["loss_scale"] = float(t.scaler.get_scale())
+    t.logger.train(t.progress.num_updates, epoch, metrics)

@@ -1,0 +1,196 @@
+"""The run's state in checkpoints: what train_state holds, how a run restores it (resume
+from checkpoint_last.pt, or start from finetune_from's weights), and when the loop saves.
+
+Resuming restores weights, optimizer, schedule offset, loss scaler, every RNG, the epoch
+and the batch position inside it, counters, best metric and patience: on CPU in fp32 a
+resumed run is bitwise equal to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nmt import distributed
+from nmt.checkpoint import build_checkpoint, load_checkpoint, tensor_to_bytes
+from nmt.errors import NmtError
+from nmt.training.checkpointing import BestTracker, rng_state, set_rng_state
+from nmt.training.config import TrainConfig
+from nmt.training.data import TrainData
+from nmt.training.optim import LRScheduler
+
+if TYPE_CHECKING:
+    from nmt.training.trainer import Progress, Trainer
+
+# Model settings that may change between a checkpoint and the run resuming from it.
+RESUMABLE_MODEL_CHANGES = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def checkpoint(t: Trainer) -> dict[str, Any]:
+    """The checkpoint of the current state (see docs/ARCHITECTURE.md). A collective: the
+    RNG states of all ranks are gathered, so every rank calls it."""
+    cfg = t.cfg
+    train_state = {
+        "num_updates": t.progress.num_updates,
+        "epoch": t.progress.epoch,  # the epoch the next batch belongs to
+        "position": t.progress.position,  # batches of that epoch's list already consumed
+        "seed": cfg.seed,
+        "optimizer": t.optimizer.state_dict(),
+        "lr_scheduler": t.scheduler.state_dict(),
+        "scaler": t.scaler.state_dict(),
+        "rng": distributed.all_gather_objects(rng_state()),  # one entry per rank
+        "best": t.best.state_dict(),
+        "elapsed": t.training_seconds(),
+        "world_size": t.env.world_size,
+        "update_freq": cfg.update_freq,
+    }
+    return build_checkpoint(
+        model_state=t.model.state_dict(),
+        model_config=asdict(cfg.model),
+        data=t.data.checkpoint_info(),
+        src_tokenizer=t.data.tokenizer_bytes["src"],
+        tgt_tokenizer=t.data.tokenizer_bytes["tgt"],
+        train_state=train_state,
+        config=asdict(cfg),
+    )
+
+
+def check_compatible(
+    ckpt: dict[str, Any], path: Path, what: str, cfg: TrainConfig, data: TrainData
+) -> None:
+    """The checkpoint's model and vocabulary must be the ones configured now; `what` says
+    what to do otherwise."""
+    saved, current = ckpt["model_config"], asdict(cfg.model)
+    for key in sorted(set(saved) | set(current)):
+        if key not in RESUMABLE_MODEL_CHANGES and saved.get(key) != current.get(key):
+            raise NmtError(
+                f"{path}: was trained with model.{key}={saved.get(key)!r} but the config "
+                f"says {current.get(key)!r}; {what}"
+            )
+    info = ckpt.get("data", {})
+    for key in ("src_vocab_size", "tgt_vocab_size"):
+        if info.get(key) != getattr(data.meta, key):
+            raise NmtError(
+                f"{path}: {key} {info.get(key)} differs from {cfg.data}'s "
+                f"{getattr(data.meta, key)}; {what}"
+            )
+    toks = ckpt.get("tokenizers", {})
+    for side in ("src", "tgt"):
+        if side in toks and tensor_to_bytes(toks[side]) != data.tokenizer_bytes[side]:
+            raise NmtError(
+                f"{path}: its {side} tokenizer differs from the one in {cfg.data}; {what}"
+            )
+
+
+def restore(
+    cfg: TrainConfig,
+    data: TrainData,
+    last: Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    scaler: torch.amp.GradScaler,
+    best: BestTracker,
+    progress: Progress,
+    rank: int,
+    device: torch.device,
+) -> str | None:
+    """Resume from `last` (checkpoint_last.pt) when it exists, else start from
+    finetune_from's weights when set; returns a line for the log, or None for a fresh run."""
+    if last.exists():
+        ckpt = load_checkpoint(last, map_location=device)
+        check_compatible(
+            ckpt, last, "use the same settings to resume, or another save_dir", cfg, data
+        )
+        train_state = ckpt.get("train_state")
+        if train_state is None:
+            raise NmtError(
+                f"{last}: holds weights only (averaged or imported); start a new "
+                f"save_dir with finetune_from={last}"
+            )
+        model.load_state_dict(ckpt["model"])
+        load_train_state(train_state, cfg, optimizer, scheduler, scaler, best, progress, rank)
+        return (
+            f"resumed from {last} at update {progress.num_updates} "
+            f"(epoch {progress.epoch}, batch {progress.position})"
+        )
+    if cfg.finetune_from:
+        path = Path(cfg.finetune_from)
+        ckpt = load_checkpoint(path, map_location=device)
+        check_compatible(ckpt, path, "finetune with the same model and vocabulary", cfg, data)
+        model.load_state_dict(ckpt["model"])
+        return f"starting from the weights of {path} (fresh optimizer and counters)"
+    return None
+
+
+def load_train_state(
+    state: dict[str, Any],
+    cfg: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    scaler: torch.amp.GradScaler,
+    best: BestTracker,
+    progress: Progress,
+    rank: int,
+) -> None:
+    """Counters, optimizer, schedule, scaler, patience and RNGs, minus what cfg resets."""
+    progress.num_updates = int(state["num_updates"])
+    progress.elapsed = float(state.get("elapsed", 0.0))
+    if not cfg.reset_optimizer:
+        optimizer.load_state_dict(state["optimizer"])
+        for group in optimizer.param_groups:  # the config's settings win, as in fairseq
+            group.update(
+                betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
+            )
+        if scaler.is_enabled() and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+    if cfg.reset_lr_scheduler:
+        scheduler.restart(progress.num_updates)
+    else:
+        scheduler.load_state_dict(state["lr_scheduler"])
+    if not cfg.reset_dataloader:
+        progress.epoch = int(state["epoch"])
+        progress.position = int(state["position"])
+    best.load_state_dict(state["best"])
+    rngs = state["rng"]
+    set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
+
+
+def numbered_due(cfg: TrainConfig, update: int, end_of_epoch: bool) -> bool:
+    """A numbered checkpoint_<epoch>_<update>.pt is written at epoch ends and every
+    save_interval_updates."""
+    return end_of_epoch or bool(
+        cfg.save_interval_updates and update % cfg.save_interval_updates == 0
+    )
+
+
+def save_after_update(
+    t: Trainer, *, end_of_epoch: bool, epoch: int, best_value: float | None, stopping: bool
+) -> None:
+    """After an update: save when a numbered checkpoint is due, a new best was found
+    (`best_value`), or the run stops; checkpoint_last.pt is part of every save."""
+    numbered = numbered_due(t.cfg, t.progress.num_updates, end_of_epoch)
+    if numbered or best_value is not None or stopping:
+        save(t, numbered=numbered, best_value=best_value, epoch=epoch)
+
+
+def save(t: Trainer, *, numbered: bool, best_value: float | None, epoch: int | None = None) -> None:
+    """Write checkpoint_last.pt (and a numbered / best one); a collective, rank 0 writes."""
+    if t.cfg.no_save:
+        return
+    t.meter.check_finite()  # never overwrite a good checkpoint with NaN weights
+    ckpt = checkpoint(t)
+    if t.env.is_main:
+        written = t.checkpoints.save(
+            ckpt,
+            epoch=t.progress.epoch if epoch is None else epoch,
+            update=t.progress.num_updates,
+            numbered=numbered,
+            best_value=best_value,
+        )
+        t.logger.event("save", update=t.progress.num_updates, files=[p.name for p in written])
+    t.last_saved_update = t.progress.num_updates
