@@ -58,6 +58,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
     """Fixed positions; `forward(start, length)` gives rows for positions start.. of a
     right-padded batch, numerically equal to fairseq's at every non-pad position."""
 
+    weights: Tensor  # [max_positions + padding_idx + 1, D], a buffer
+
     def __init__(self, embedding_dim: int, padding_idx: int, max_positions: int):
         super().__init__()
         self.embedding_dim = embedding_dim
@@ -84,6 +86,7 @@ class LearnedPositionalEmbedding(nn.Embedding):
     def __init__(self, embedding_dim: int, padding_idx: int, max_positions: int, config_key: str):
         super().__init__(max_positions + padding_idx + 1, embedding_dim, padding_idx=padding_idx)
         self.max_positions = max_positions
+        self.first_row = padding_idx + 1  # the row of position 0
         self.config_key = config_key  # named in the error for a too-long input
         nn.init.normal_(self.weight, mean=0.0, std=embedding_dim**-0.5)
         nn.init.zeros_(self.weight[padding_idx])
@@ -95,7 +98,7 @@ class LearnedPositionalEmbedding(nn.Embedding):
                 f"the model's {self.max_positions} learned positions; shorten or "
                 "filter the input"
             )
-        first = self.padding_idx + 1 + start
+        first = self.first_row + start
         return self.weight[first : first + length]  # [T,D]
 
 

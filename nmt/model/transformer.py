@@ -11,7 +11,7 @@ little or nothing. Batches are right-padded: token t of every row sits at positi
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from torch import Tensor, nn
 
@@ -143,7 +143,8 @@ class TransformerDecoder(nn.Module):
         want = self._attn_layer_index(attn_layer)
 
         attn = None
-        for i, layer in enumerate(self.layers):
+        layers = cast("list[TransformerDecoderLayer]", self.layers)
+        for i, layer in enumerate(layers):
             if cache is not None and cache.has_encoder_kv:
                 enc_k, enc_v = cache.encoder_kv(i)
             else:
