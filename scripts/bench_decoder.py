@@ -6,6 +6,7 @@ one, and reports where the cached step's time goes.
 
     .venv/bin/python scripts/bench_decoder.py                      # transformer_small, CPU
     .venv/bin/python scripts/bench_decoder.py --preset base --device cuda --steps 60
+    .venv/bin/python scripts/bench_decoder.py --kernels plain     # the textbook layers
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from omegaconf import OmegaConf
 
 from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
+from nmt.model.kernels import FastKernels
+from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
+
+KERNELS = {"fast": FastKernels, "plain": Kernels}
 
 
 def load_preset(name: str) -> ModelConfig:
@@ -44,6 +49,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30, help="decoder steps (target length)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument(
+        "--kernels",
+        choices=KERNELS,
+        default="fast",
+        help="the model's kernels: fast (nmt's default) or plain (layers.Kernels)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -51,7 +62,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     cfg = load_preset(args.preset)
-    model = Transformer(cfg, args.vocab, args.vocab).to(dev).eval()
+    model = Transformer(cfg, args.vocab, args.vocab, kernels=KERNELS[args.kernels]())
+    model = model.to(dev).eval()
     rows = args.batch * args.beam
     lengths = torch.randint(args.src_len // 2, args.src_len + 1, (args.batch,))
     src = torch.full((args.batch, args.src_len), PAD)
@@ -108,7 +120,8 @@ def main() -> None:
 
     steps = args.steps
     print(
-        f"device={dev} threads={torch.get_num_threads()} preset={args.preset} vocab={args.vocab} "
+        f"device={dev} threads={torch.get_num_threads()} kernels={args.kernels} "
+        f"preset={args.preset} vocab={args.vocab} "
         f"rows={args.batch}x{args.beam}={rows} src_len<={args.src_len} steps={steps}"
     )
     print(

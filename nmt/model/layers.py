@@ -1,13 +1,20 @@
 """Transformer building blocks with fairseq's semantics and parameter names.
 
+This module is the textbook Transformer ("Attention Is All You Need", as fairseq writes it):
+positions, multi-head attention on scaled dot-product attention, the position-wise FFN,
+post-norm or pre-norm residual sub-layers, and the encoder and decoder layers built from
+them. The few operations whose speed matters (dropout, attention, the attention masks and
+the q/k/v projections) go through a `Kernels` object given to each layer: `Kernels` below
+computes them as written in the paper; nmt.model.kernels.FastKernels computes the same
+functions faster, and is what `Transformer` uses unless told otherwise.
+
 Shape legend (batch-first everywhere):
     B batch, S source length, T target length (new tokens only when decoding with a cache),
     K key length (S for encoder-decoder attention, cached prefix + T for decoder
-    self-attention), D embed_dim, H attention heads, Dh = D // H head width.
+    self-attention), D embed_dim, F ffn_dim, H attention heads, Dh = D // H head width.
 
 Attention masks follow torch's scaled_dot_product_attention: a boolean mask is True
-where a query may attend; `None` means attend everywhere, which lets SDPA use its fused
-kernels without materialising a mask.
+where a query may attend; `None` means attend everywhere.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from nmt.errors import NmtError
 
 if TYPE_CHECKING:
     from nmt.model.cache import DecoderCache
+
+
+# ------------------------------------------------------------------------------ positions
 
 
 def sinusoidal_table(num_embeddings: int, embedding_dim: int, padding_idx: int) -> Tensor:
@@ -48,6 +58,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
     """Fixed positions; `forward(start, length)` gives rows for positions start.. of a
     right-padded batch, numerically equal to fairseq's at every non-pad position."""
 
+    weights: Tensor  # [max_positions + padding_idx + 1, D], a buffer
+
     def __init__(self, embedding_dim: int, padding_idx: int, max_positions: int):
         super().__init__()
         self.embedding_dim = embedding_dim
@@ -65,7 +77,7 @@ class SinusoidalPositionalEmbedding(nn.Module):
         table = self.weights
         if end > table.size(0):  # longer than configured: extend on the fly, as fairseq does
             table = sinusoidal_table(end, self.embedding_dim, self.padding_idx).to(table)
-        return table[first:end]  # [T, D]
+        return table[first:end]  # [T,D]
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
@@ -74,6 +86,7 @@ class LearnedPositionalEmbedding(nn.Embedding):
     def __init__(self, embedding_dim: int, padding_idx: int, max_positions: int, config_key: str):
         super().__init__(max_positions + padding_idx + 1, embedding_dim, padding_idx=padding_idx)
         self.max_positions = max_positions
+        self.first_row = padding_idx + 1  # the row of position 0
         self.config_key = config_key  # named in the error for a too-long input
         nn.init.normal_(self.weight, mean=0.0, std=embedding_dim**-0.5)
         nn.init.zeros_(self.weight[padding_idx])
@@ -85,8 +98,11 @@ class LearnedPositionalEmbedding(nn.Embedding):
                 f"the model's {self.max_positions} learned positions; shorten or "
                 "filter the input"
             )
-        first = self.padding_idx + 1 + start
-        return self.weight[first : first + length]  # [T, D]
+        first = self.first_row + start
+        return self.weight[first : first + length]  # [T,D]
+
+
+# ------------------------------------------------------------------ parameters, activation
 
 
 def token_embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
@@ -109,101 +125,92 @@ def activation(name: str) -> Callable[[Tensor], Tensor]:
     return F.gelu if name == "gelu" else F.relu
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """F.dropout with a cheaper mask on CPU (same distribution to within 2**-16 in p).
+# -------------------------------------------------------------------------------- kernels
 
-    torch's CPU dropout draws one double per element from its serial RNG (a fifth of a
-    training step). Here each 64-bit draw gives the keep/drop decisions of four elements
-    (16 bits each; 64-bit draws cost a third of 32-bit ones per bit), which is several
-    times cheaper forward and backward. The mask keeps an element with probability
-    1 - round(p * 2**16) / 2**16 and scales by its inverse, so the expectation is exact.
-    CUDA keeps F.dropout (its RNG is parallel), and so does torch.compile, which fuses
-    dropout with its own generator.
+
+class Kernels:
+    """The operations the layers compute through, as the paper writes them.
+
+    A subclass may compute any of them faster, provided it computes the same function
+    (nmt.model.kernels.FastKernels). Each layer is built with one `Kernels` object and
+    asks it for these operations only; instances hold no state.
     """
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+
+    def dropout(self, x: Tensor, p: float, training: bool) -> Tensor:
+        """Zero each element with probability p and scale the rest by 1 / (1 - p)."""
         return F.dropout(x, p, training)
-    drop = round(p * 65536)  # dropped values out of 2**16
-    n = x.numel()
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # full 64 bits
-    keep = bits.view(torch.int16)[:n].view(x.shape) >= drop - 32768  # P = 1 - drop / 2**16
-    return x * (keep.to(x.dtype) * (65536 / (65536 - drop)))
 
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """softmax(q k^T / sqrt(Dh)) v: q [B,H,T,Dh], k/v [B,H,K,Dh] -> [B,H,T,Dh].
 
-# Key lengths up to which CPU training spells attention out (`matmul_attention`): it beat
-# SDPA's CPU flash kernels forward and backward up to ~150 keys, in fp32 and bf16.
-MATMUL_ATTENTION_MAX_KEYS = 128
-
-
-def _sdpa(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
-) -> Tensor:
-    """F.scaled_dot_product_attention [B,H,T,Dh] -> [B,H,T,Dh], with CPU training's own paths.
-
-    When gradients are needed on a CPU, torch's flash attention is slow for NMT's short
-    sequences: 10-30% slower than two matmuls around a softmax in fp32 (forward plus
-    backward), 2-4x slower in bf16, whose flash backward is ~3x slower than fp32's. So
-    up to MATMUL_ATTENTION_MAX_KEYS keys, attention is `matmul_attention` (its [B,H,T,K]
-    scores are small there); beyond, bf16 runs the flash kernels in fp32. CUDA and
-    inference use SDPA as is.
-    """
-    if q.device.type != "cpu" or not torch.is_grad_enabled():
+        `mask` is boolean, True = may attend, broadcastable to [B,H,T,K]; `is_causal`
+        lets query i see keys 0..i only (top-left aligned); `dropout_p` drops attention
+        probabilities.
+        """
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
         )
-    if k.size(-2) <= MATMUL_ATTENTION_MAX_KEYS:
-        return matmul_attention(q, k, v, mask, is_causal, dropout_p)[0]
-    if q.dtype != torch.bfloat16:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-        )
-    with torch.autocast("cpu", enabled=False):
-        out = F.scaled_dot_product_attention(
-            q.float(),
-            k.float(),
-            v.float(),
-            attn_mask=mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-        )
-    return out.to(torch.bfloat16)
+
+    def attention_with_weights(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> tuple[Tensor, Tensor]:
+        """`attention` spelled out, which also gives its probabilities: (out [B,H,T,Dh],
+        probabilities [B,H,T,K] in fp32, before dropout)."""
+        scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1)).float()  # [B,H,T,K]
+        if is_causal:  # top-left aligned, as SDPA's
+            t, k_len = scores.shape[-2:]
+            ahead = torch.ones(t, k_len, dtype=torch.bool, device=q.device).triu(1)  # [T,K]
+            scores = scores.masked_fill(ahead, float("-inf"))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # fp32, so that weights sum to 1
+        out = torch.matmul(self.dropout(probs.to(v.dtype), dropout_p, dropout_p > 0), v)
+        return out, probs  # [B,H,T,Dh], [B,H,T,K]
+
+    def attention_mask(self, padding_mask: Tensor) -> Tensor | None:
+        """[B,K] key padding mask (True = pad) -> attention mask [B,1,1,K] (True = attend)."""
+        return ~padding_mask[:, None, None, :]
+
+    def multihead_attention(
+        self, embed_dim: int, num_heads: int, dropout: float
+    ) -> MultiheadAttention:
+        """The attention module of the layers (a subclass may project q/k/v differently)."""
+        return MultiheadAttention(embed_dim, num_heads, dropout, self)
 
 
-def matmul_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, dropout_p: float
-) -> tuple[Tensor, Tensor]:
-    """Attention spelled out: q [B,H,T,Dh], k/v [B,H,K,Dh] -> (out [B,H,T,Dh], the attention
-    probabilities [B,H,T,K] in fp32, before dropout). `mask` and `is_causal` as SDPA's."""
-    scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1)).float()  # [B,H,T,K]
-    if is_causal:  # top-left aligned, as SDPA's
-        t, k_len = scores.shape[-2:]
-        ahead = torch.ones(t, k_len, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(ahead, float("-inf"))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # fp32, so that weights sum to 1
-    out = torch.matmul(dropout(probs.to(v.dtype), dropout_p, dropout_p > 0), v)  # [B,H,T,Dh]
-    return out, probs
+# ------------------------------------------------------------------------------ attention
 
 
 class MultiheadAttention(nn.Module):
-    """Multi-head attention on F.scaled_dot_product_attention.
+    """Multi-head attention: queries, keys and values projected by q_proj/k_proj/v_proj,
+    split into H heads, scaled dot-product attention per head, heads joined by out_proj.
 
     Keys and values are projected apart from queries (`project_kv`) so that callers can
-    cache them: the decoder appends self-attention keys per step and computes the
-    encoder's once per source. Self-attention projects q, k and v in one matmul
-    (`project_qkv`): one bigger matmul is faster than three small ones, and under autocast
-    the input is cast to bf16 once instead of three times. The parameters stay fairseq's
-    separate q_proj/k_proj/v_proj; their concatenation is built per forward in training
-    (its gradient splits back for free) and kept between calls in inference.
+    keep them: the decoder appends self-attention keys per step (DecoderCache) and
+    projects the encoder's once per source. `project_qkv` projects all three for
+    self-attention; `attend` takes projected queries.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float, kernels: Kernels):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
+        self.kernels = kernels
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(embed_dim, embed_dim)
         self.v_proj = nn.Linear(embed_dim, embed_dim)
@@ -213,44 +220,20 @@ class MultiheadAttention(nn.Module):
             nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
-        self._joint_cache: dict[str, tuple[tuple, Tensor, Tensor]] = {}
 
-    def _joint(self, name: str, projs: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
-        """The projections stacked into one: (weight [n*D,D], bias [n*D])."""
-        if torch.is_grad_enabled():  # training: rebuilt each time so the gradient flows
-            return (torch.cat([p.weight for p in projs]), torch.cat([p.bias for p in projs]))
-        # Inference: reuse until a parameter changes. A load or an in-place edit bumps its
-        # version, a move to another device or dtype changes its storage; a fused
-        # optimizer step does neither, so `train()` (called for every training step, and
-        # by `eval()`) empties the cache as well.
-        params = [t for p in projs for t in (p.weight, p.bias)]
-        key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in params)
-        cached = self._joint_cache.get(name)
-        if cached is None or cached[0] != key:
-            weight = torch.cat([p.weight for p in projs]).detach()
-            bias = torch.cat([p.bias for p in projs]).detach()
-            cached = self._joint_cache[name] = (key, weight, bias)
-        return cached[1], cached[2]
-
-    def train(self, mode: bool = True) -> MultiheadAttention:
-        self._joint_cache.clear()
-        return super().train(mode)
-
-    def _heads(self, x: Tensor) -> Tensor:
+    def split_heads(self, x: Tensor) -> Tensor:
+        """[B,L,D] -> [B,H,L,Dh]."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # [B,H,L,Dh]
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of x [B,K,D] as [B,H,K,Dh] each."""
-        kv = F.linear(x, *self._joint("kv", (self.k_proj, self.v_proj)))  # [B,K,2D]
-        k, v = kv.chunk(2, dim=-1)
-        return self._heads(k), self._heads(v)
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values of x [B,T,D] as [B,H,T,Dh] each (self-attention)."""
-        qkv = F.linear(x, *self._joint("qkv", (self.q_proj, self.k_proj, self.v_proj)))  # [B,T,3D]
-        q, k, v = qkv.chunk(3, dim=-1)
-        return self._heads(q), self._heads(k), self._heads(v)
+        q = self.split_heads(self.q_proj(x))
+        return (q, *self.project_kv(x))
 
     def forward(
         self,
@@ -265,9 +248,8 @@ class MultiheadAttention(nn.Module):
 
         See `attend`, which takes queries already projected.
         """
-        return self.attend(
-            self._heads(self.q_proj(query)), key, value, mask, is_causal, need_weights
-        )
+        q = self.split_heads(self.q_proj(query))  # [B,H,T,Dh]
+        return self.attend(q, key, value, mask, is_causal, need_weights)
 
     def attend(
         self,
@@ -294,11 +276,12 @@ class MultiheadAttention(nn.Module):
             q = q.view(-1, group, self.num_heads, length, self.head_dim).transpose(1, 2)
             q = q.reshape(-1, self.num_heads, group * length, self.head_dim)
         p = self.dropout if self.training else 0.0
+        weights = None
         if need_weights:
-            out, weights = self._attend_with_weights(q, key, value, mask, is_causal, p)
+            out, probs = self.kernels.attention_with_weights(q, key, value, mask, is_causal, p)
+            weights = probs.mean(dim=1)  # averaged over heads: [B,T,K]
         else:
-            out = _sdpa(q, key, value, mask, p, is_causal)
-            weights = None
+            out = self.kernels.attention(q, key, value, mask, is_causal, p)
         if group > 1:  # back to [B,H,T,Dh]
             out = out.view(-1, self.num_heads, group, length, self.head_dim).transpose(1, 2)
             out = out.reshape(batch, self.num_heads, length, self.head_dim)
@@ -308,17 +291,19 @@ class MultiheadAttention(nn.Module):
     def output(self, heads: Tensor) -> Tensor:
         """Attention output per head [B,H,T,Dh] -> the layer's output [B,T,D]."""
         batch, _, length, _ = heads.shape
-        return self.out_proj(heads.transpose(1, 2).reshape(batch, length, -1))
+        return self.out_proj(heads.transpose(1, 2).reshape(batch, length, -1))  # [B,T,D]
 
-    def _attend_with_weights(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, p: float
-    ) -> tuple[Tensor, Tensor]:
-        out, probs = matmul_attention(q, k, v, mask, is_causal, p)
-        return out, probs.mean(dim=1)  # weights averaged over heads: [B,T,K]
+
+# --------------------------------------------------------------------------------- layers
 
 
 class _Layer(nn.Module):
-    """What encoder and decoder layers share: self-attention and the FFN sub-layer."""
+    """What encoder and decoder layers share: self-attention, the position-wise FFN, and
+    the residual connection around each sub-layer.
+
+    Post-norm (the paper, fairseq's default): x = LayerNorm(x + Dropout(sublayer(x))).
+    Pre-norm (`normalize_before`): x = x + Dropout(sublayer(LayerNorm(x))).
+    """
 
     def __init__(
         self,
@@ -330,30 +315,34 @@ class _Layer(nn.Module):
         activation_dropout: float,
         activation_fn: str,
         normalize_before: bool,
+        kernels: Kernels,
     ):
         super().__init__()
         self.normalize_before = normalize_before
         self.dropout = dropout
         self.activation_dropout = activation_dropout
         self.activation_fn = activation(activation_fn)
-        self.self_attn = MultiheadAttention(embed_dim, heads, attention_dropout)
+        self.kernels = kernels
+        self.self_attn = kernels.multihead_attention(embed_dim, heads, attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
         self.fc1 = xavier_linear(embed_dim, ffn_dim)
         self.fc2 = xavier_linear(ffn_dim, embed_dim)
         self.final_layer_norm = nn.LayerNorm(embed_dim)
 
-    def residual(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
-        """Dropout, residual add, and (post-norm only) the sub-layer's LayerNorm."""
-        x = x + dropout(sublayer_out, self.dropout, self.training)
-        return x if self.normalize_before else norm(x)
-
     def pre_norm(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        """A sub-layer's input: LayerNorm(x) with pre-norm, x itself with post-norm."""
         return norm(x) if self.normalize_before else x
 
+    def residual(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
+        """Dropout, residual add, and (post-norm only) the sub-layer's LayerNorm."""
+        x = x + self.kernels.dropout(sublayer_out, self.dropout, self.training)
+        return x if self.normalize_before else norm(x)
+
     def ffn(self, x: Tensor) -> Tensor:
-        """The position-wise FFN sub-layer, residual and norm included: [B,L,D] -> [B,L,D]."""
+        """The position-wise FFN sub-layer, fc2(act(fc1(x))), with its residual and norm:
+        [B,L,D] -> [B,L,D]."""
         h = self.activation_fn(self.fc1(self.pre_norm(x, self.final_layer_norm)))  # [B,L,F]
-        h = dropout(h, self.activation_dropout, self.training)
+        h = self.kernels.dropout(h, self.activation_dropout, self.training)
         return self.residual(x, self.fc2(h), self.final_layer_norm)
 
 
@@ -364,7 +353,7 @@ class TransformerEncoderLayer(_Layer):
         """x [B,S,D], mask [B,1,1,S] (True = real token) or None -> [B,S,D]."""
         h = self.pre_norm(x, self.self_attn_layer_norm)
         q, k, v = self.self_attn.project_qkv(h)  # [B,H,S,Dh] each
-        h, _ = self.self_attn.attend(q, k, v, mask)
+        h, _ = self.self_attn.attend(q, k, v, mask)  # [B,S,D]
         x = self.residual(x, h, self.self_attn_layer_norm)
         return self.ffn(x)
 
@@ -382,6 +371,7 @@ class TransformerDecoderLayer(_Layer):
         activation_dropout: float,
         activation_fn: str,
         normalize_before: bool,
+        kernels: Kernels,
     ):
         super().__init__(
             embed_dim,
@@ -392,8 +382,9 @@ class TransformerDecoderLayer(_Layer):
             activation_dropout,
             activation_fn,
             normalize_before,
+            kernels,
         )
-        self.encoder_attn = MultiheadAttention(embed_dim, heads, attention_dropout)
+        self.encoder_attn = kernels.multihead_attention(embed_dim, heads, attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(embed_dim)
 
     def forward(
@@ -416,9 +407,9 @@ class TransformerDecoderLayer(_Layer):
         h = self.pre_norm(x, self.self_attn_layer_norm)
         q, k, v = self.self_attn.project_qkv(h)  # [B,H,T,Dh] each
         if cache is not None:
-            h = self.self_attn.output(cache.self_attention(layer_idx, q, k, v))
+            h = self.self_attn.output(cache.self_attention(layer_idx, q, k, v))  # [B,T,D]
         else:
-            h, _ = self.self_attn.attend(q, k, v, is_causal=x.size(1) > 1)
+            h, _ = self.self_attn.attend(q, k, v, is_causal=x.size(1) > 1)  # [B,T,D]
         x = self.residual(x, h, self.self_attn_layer_norm)
 
         h = self.pre_norm(x, self.encoder_attn_layer_norm)

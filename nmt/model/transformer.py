@@ -11,21 +11,21 @@ little or nothing. Batches are right-padded: token t of every row sits at positi
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
-import torch
 from torch import Tensor, nn
 
 from nmt.data.vocab import PAD
 from nmt.errors import NmtError
 from nmt.model.cache import CacheMemory, DecoderCache
 from nmt.model.config import ModelConfig
+from nmt.model.kernels import FastKernels
 from nmt.model.layers import (
+    Kernels,
     LearnedPositionalEmbedding,
     SinusoidalPositionalEmbedding,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
-    dropout,
     token_embedding,
 )
 
@@ -41,29 +41,13 @@ class EncoderOut(NamedTuple):
         return EncoderOut(self.out[index], self.padding_mask[index])  # see DecoderCache.reorder
 
 
-def attend_mask(padding_mask: Tensor) -> Tensor | None:
-    """[B,S] pad mask -> SDPA mask [B,1,1,S] (True = attend), or None without padding.
-
-    Dropping the mask lets SDPA pick its fastest kernel. The check reads the data, so it
-    runs only on CPU tensors in eager mode: on a GPU it would wait for the device, and
-    under torch.compile a branch on data would break the graph.
-    """
-    if (
-        padding_mask.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not bool(padding_mask.any())
-    ):
-        return None
-    return ~padding_mask[:, None, None, :]
-
-
 def _positions(cfg: ModelConfig, pad_id: int, max_positions: int, key: str) -> nn.Module:
     if cfg.learned_pos:
         return LearnedPositionalEmbedding(cfg.embed_dim, pad_id, max_positions, key)
     return SinusoidalPositionalEmbedding(cfg.embed_dim, pad_id, max_positions)
 
 
-def _layer_args(cfg: ModelConfig) -> dict:
+def _layer_args(cfg: ModelConfig, kernels: Kernels) -> dict:
     return dict(
         embed_dim=cfg.embed_dim,
         ffn_dim=cfg.ffn_dim,
@@ -73,12 +57,14 @@ def _layer_args(cfg: ModelConfig) -> dict:
         activation_dropout=cfg.activation_dropout,
         activation_fn=cfg.activation_fn,
         normalize_before=cfg.normalize_before,
+        kernels=kernels,
     )
 
 
 class TransformerEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, pad_id: int):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, pad_id: int, kernels: Kernels):
         super().__init__()
+        self.kernels = kernels
         self.pad_id = pad_id
         self.dropout = cfg.dropout
         self.embed_scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
@@ -88,7 +74,7 @@ class TransformerEncoder(nn.Module):
         )
         self.layernorm_embedding = nn.LayerNorm(cfg.embed_dim) if cfg.layernorm_embedding else None
         self.layers = nn.ModuleList(
-            TransformerEncoderLayer(**_layer_args(cfg)) for _ in range(cfg.encoder_layers)
+            TransformerEncoderLayer(**_layer_args(cfg, kernels)) for _ in range(cfg.encoder_layers)
         )
         self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
 
@@ -99,8 +85,8 @@ class TransformerEncoder(nn.Module):
         x = x + self.embed_positions(0, src_tokens.size(1))  # [S,D] broadcast over B
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = dropout(x, self.dropout, self.training)
-        mask = attend_mask(padding_mask)
+        x = self.kernels.dropout(x, self.dropout, self.training)
+        mask = self.kernels.attention_mask(padding_mask)  # [B,1,1,S] | None
         for layer in self.layers:
             x = layer(x, mask)
         if self.layer_norm is not None:
@@ -109,8 +95,9 @@ class TransformerEncoder(nn.Module):
 
 
 class TransformerDecoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, pad_id: int):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, pad_id: int, kernels: Kernels):
         super().__init__()
+        self.kernels = kernels
         self.dropout = cfg.dropout
         self.embed_scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
@@ -119,7 +106,7 @@ class TransformerDecoder(nn.Module):
         )
         self.layernorm_embedding = nn.LayerNorm(cfg.embed_dim) if cfg.layernorm_embedding else None
         self.layers = nn.ModuleList(
-            TransformerDecoderLayer(**_layer_args(cfg)) for _ in range(cfg.decoder_layers)
+            TransformerDecoderLayer(**_layer_args(cfg, kernels)) for _ in range(cfg.decoder_layers)
         )
         self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
         vocab_size, dim = embed_tokens.weight.shape
@@ -145,18 +132,19 @@ class TransformerDecoder(nn.Module):
         x = x + self.embed_positions(start, length)  # [T,D] broadcast over B
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = dropout(x, self.dropout, self.training)
+        x = self.kernels.dropout(x, self.dropout, self.training)
 
         if cache is None:
-            enc_mask = attend_mask(enc.padding_mask)
+            enc_mask = self.kernels.attention_mask(enc.padding_mask)
         else:
             if not cache.has_encoder_kv:
-                cache.enc_mask = attend_mask(enc.padding_mask)
+                cache.enc_mask = self.kernels.attention_mask(enc.padding_mask)
             enc_mask = cache.enc_mask
         want = self._attn_layer_index(attn_layer)
 
         attn = None
-        for i, layer in enumerate(self.layers):
+        layers = cast("list[TransformerDecoderLayer]", self.layers)
+        for i, layer in enumerate(layers):
             if cache is not None and cache.has_encoder_kv:
                 enc_k, enc_v = cache.encoder_kv(i)
             else:
@@ -190,20 +178,30 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer (docs/ARCHITECTURE.md, "Model")."""
 
     def __init__(
-        self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = PAD
+        self,
+        cfg: ModelConfig,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int = PAD,
+        *,
+        kernels: Kernels | None = None,
     ):
+        """`kernels`: how the layers compute dropout, attention and the q/k/v projections;
+        FastKernels() by default (nmt.model.kernels), Kernels() for the plain textbook
+        operations. Either computes the same function with the same parameters."""
         super().__init__()
         cfg.validate(src_vocab_size, tgt_vocab_size, pad_id)
         self.cfg = cfg
         self.pad_id = pad_id
+        self.kernels = FastKernels() if kernels is None else kernels
         src_embed = token_embedding(src_vocab_size, cfg.embed_dim, pad_id)
         tgt_embed = (
             src_embed
             if cfg.share_all_embeddings
             else token_embedding(tgt_vocab_size, cfg.embed_dim, pad_id)
         )
-        self.encoder = TransformerEncoder(cfg, src_embed, pad_id)
-        self.decoder = TransformerDecoder(cfg, tgt_embed, pad_id)
+        self.encoder = TransformerEncoder(cfg, src_embed, pad_id, self.kernels)
+        self.decoder = TransformerDecoder(cfg, tgt_embed, pad_id, self.kernels)
 
     def encode(self, src_tokens: Tensor) -> EncoderOut:
         """src_tokens [B,S] right-padded with pad_id -> EncoderOut(out [B,S,D], padding_mask)."""

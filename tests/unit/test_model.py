@@ -1,4 +1,8 @@
-"""Transformer invariants: incremental decoding, padding, batching, causality, gradients."""
+"""Transformer invariants: incremental decoding, padding, batching, causality, gradients.
+
+The invariants that concern the layers hold for the plain layers (layers.Kernels) and the
+fast ones (kernels.FastKernels, the default) alike; tests/unit/test_model_kernels.py
+checks that the two compute the same function."""
 
 from __future__ import annotations
 
@@ -7,18 +11,24 @@ import torch
 
 from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
+from nmt.model.kernels import FastKernels
+from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
 
 SRC_V, TGT_V = 41, 37
 
 
-def make_model(seed: int = 0, **overrides) -> Transformer:
+KERNELS = {"fast": FastKernels, "plain": Kernels}
+
+
+def make_model(seed: int = 0, kernels: str = "fast", **overrides) -> Transformer:
     torch.manual_seed(seed)
     fields = dict(
         embed_dim=32, ffn_dim=64, attention_heads=4, encoder_layers=2, decoder_layers=2, dropout=0.0
     )
     fields.update(overrides)
-    return Transformer(ModelConfig(**fields), SRC_V, TGT_V).eval()
+    model = Transformer(ModelConfig(**fields), SRC_V, TGT_V, kernels=KERNELS[kernels]())
+    return model.eval()
 
 
 def tokens(lengths: list[int], vocab: int, first: int | None = None) -> torch.Tensor:
@@ -44,8 +54,9 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_cached_steps_equal_full_decoding(variant):
-    model = make_model(**VARIANTS[variant])
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_cached_steps_equal_full_decoding(variant, kernels):
+    model = make_model(kernels=kernels, **VARIANTS[variant])
     src = tokens([7, 4, 6], SRC_V)
     prev = tokens([9, 9, 9], TGT_V, first=EOS)
     with torch.no_grad():
@@ -62,9 +73,10 @@ def test_cached_steps_equal_full_decoding(variant):
     assert (torch.cat(attns, 1) - full_attn).abs().max() <= 1e-5
 
 
-def test_cached_multi_token_steps_equal_full_decoding():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_cached_multi_token_steps_equal_full_decoding(kernels):
     """A forced prefix fed at once, then single tokens (positions continue from the cache)."""
-    model = make_model(normalize_before=True)
+    model = make_model(kernels=kernels, normalize_before=True)
     src = tokens([5, 8], SRC_V)
     prev = tokens([8, 8], TGT_V, first=EOS)
     with torch.no_grad():
@@ -151,12 +163,13 @@ def test_reorder_within_sentence_beams_keeps_encoder_rows():
 
 
 @pytest.mark.parametrize("group", [1, 2], ids=["rows", "beam-groups"])
-def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows(group):
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_beams_sharing_their_sentences_encoder_rows_equal_expanded_rows(group, kernels):
     """The generator's layout: the cache holds one encoder row per sentence and K decoder
     rows per sentence attend to it; outputs equal decoding against K expanded copies, also
     with attention weights, after beam reorders and after a sentence leaves the batch.
     With groups, the cache keeps each sentence's beams in place (DecoderCache)."""
-    model = make_model(seed=3)
+    model = make_model(seed=3, kernels=kernels)
     src = tokens([6, 3, 5], SRC_V)
     beams = 2
     expand = torch.arange(3).repeat_interleave(beams)  # [0,0,1,1,2,2]
@@ -242,8 +255,9 @@ def test_grouped_cache_refuses_a_reorder_across_groups():
             cache.reorder(torch.tensor([0, 2, 1, 3]))
 
 
-def test_padding_and_batch_composition_do_not_change_outputs():
-    model = make_model(normalize_before=True)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_padding_and_batch_composition_do_not_change_outputs(kernels):
+    model = make_model(kernels=kernels, normalize_before=True)
     src = tokens([5, 9, 2], SRC_V)
     prev = tokens([4, 7, 8], TGT_V, first=EOS)
     with torch.no_grad():
@@ -263,8 +277,9 @@ def test_padding_and_batch_composition_do_not_change_outputs():
             assert batch_attn[i, :, s_len:].abs().sum() == 0  # no attention to padding
 
 
-def test_extra_padding_columns_do_not_change_outputs():
-    model = make_model()
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_extra_padding_columns_do_not_change_outputs(kernels):
+    model = make_model(kernels=kernels)
     src = tokens([5, 3], SRC_V)
     prev = tokens([4, 6], TGT_V, first=EOS)
     pad = lambda x, n: torch.cat([x, torch.full((x.size(0), n), PAD)], 1)  # noqa: E731
@@ -274,8 +289,9 @@ def test_extra_padding_columns_do_not_change_outputs():
     assert (padded[:, :6] - logits).abs().max() <= 1e-5
 
 
-def test_decoder_is_causal():
-    model = make_model(seed=3)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_decoder_is_causal(kernels):
+    model = make_model(seed=3, kernels=kernels)
     src = tokens([6, 6], SRC_V)
     prev = tokens([8, 8], TGT_V, first=EOS)
     changed = prev.clone()
@@ -286,9 +302,10 @@ def test_decoder_is_causal():
     assert (before[:, 5:] - after[:, 5:]).abs().max() > 1e-3
 
 
-def test_weights_path_matches_fast_path():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_weights_path_matches_fast_path(kernels):
     """Asking for attention weights takes another code path; it must compute the same."""
-    model = make_model(seed=4)
+    model = make_model(seed=4, kernels=kernels)
     src = tokens([7, 4], SRC_V)
     prev = tokens([5, 5], TGT_V, first=EOS)
     with torch.no_grad():
@@ -311,9 +328,14 @@ def test_attn_layer_out_of_range_is_a_user_error():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_parameter_gets_a_gradient(variant):
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_every_parameter_gets_a_gradient(variant, kernels):
     model = make_model(
-        dropout=0.1, attention_dropout=0.1, activation_dropout=0.1, **VARIANTS[variant]
+        kernels=kernels,
+        dropout=0.1,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        **VARIANTS[variant],
     ).train()
     src = tokens([6, 4], SRC_V)
     prev = tokens([5, 3], TGT_V, first=EOS)
@@ -326,8 +348,9 @@ def test_every_parameter_gets_a_gradient(variant):
         assert p.grad.abs().sum() > 0, name
 
 
-def test_dropout_is_off_in_eval_and_on_in_train():
-    model = make_model(dropout=0.3, attention_dropout=0.3)
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_dropout_is_off_in_eval_and_on_in_train(kernels):
+    model = make_model(kernels=kernels, dropout=0.3, attention_dropout=0.3)
     src, prev = tokens([5], SRC_V), tokens([4], TGT_V, first=EOS)
     with torch.no_grad():
         assert torch.equal(model(src, prev), model(src, prev))
@@ -383,127 +406,3 @@ def test_fairseq_initialisation():
     bound = (6 / 128) ** 0.5 / 2**0.5
     assert attn.q_proj.weight.abs().max() <= bound
     assert model.encoder.layers[0].fc1.bias.abs().max() == 0
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_matmul_attention_equals_sdpa(causal):
-    """The spelled-out attention (CPU bf16 training, attention weights) is SDPA's: same
-    outputs and gradients in fp32, with a key padding mask and with causal masking."""
-    from nmt.model.layers import matmul_attention
-
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 4, 6, 8, requires_grad=True) for _ in range(3))
-    mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
-    mask[1, ..., 4:] = False  # row 1 has two padding keys
-    out, probs = matmul_attention(q, k, v, mask, causal, 0.0)
-    want = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=causal
-    )
-    assert (out - want).abs().max() < 1e-6
-    assert torch.allclose(probs.sum(-1), torch.ones(3, 4, 6)) and probs[1, ..., 4:].eq(0).all()
-    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
-    wanted = torch.autograd.grad(want.square().sum(), (q, k, v))
-    assert all((g - w).abs().max() < 1e-5 for g, w in zip(grads, wanted))
-
-
-@pytest.mark.parametrize("length", [5, 130], ids=["short-matmuls", "long-fp32-flash"])
-def test_cpu_bf16_training_attention_is_close_to_fp32(length):
-    """Under CPU bf16 autocast with gradients, attention is matmul_attention for short
-    sequences and fp32 flash attention for long ones (torch's bf16 flash backward on CPU
-    is slow): bf16 out, within bf16 rounding of fp32."""
-    from nmt.model.layers import MultiheadAttention
-
-    torch.manual_seed(0)
-    attn = MultiheadAttention(32, 4, dropout=0.0)
-    x = torch.randn(2, length, 32)
-    mask = torch.ones(2, 1, 1, length, dtype=torch.bool)
-    mask[1, ..., -2:] = False
-    with torch.no_grad():
-        reference = attn(x, *attn.project_kv(x), mask)[0]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = attn(x, *attn.project_kv(x), mask)
-    assert out.dtype == torch.bfloat16
-    assert (out.float() - reference).abs().max() < 0.05
-    out.float().sum().backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.parameters())
-
-
-def test_joint_projections_equal_the_separate_ones_and_follow_weight_changes():
-    """project_qkv/project_kv run q_proj, k_proj, v_proj as one matmul; in inference the
-    stacked weight is kept, and must be rebuilt whenever a parameter changes."""
-    from nmt.model.layers import MultiheadAttention
-
-    torch.manual_seed(0)
-    attn = MultiheadAttention(32, 4, dropout=0.0)
-    x = torch.randn(2, 5, 32)
-
-    def separate():
-        return [attn._heads(p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
-
-    with torch.no_grad():
-        for got, want in zip(attn.project_qkv(x), separate()):
-            assert torch.allclose(got, want, atol=1e-6)
-        attn.k_proj.weight.add_(1.0)  # an optimizer step: in place, under no_grad
-        attn.v_proj.bias.mul_(2.0)
-        for got, want in zip(attn.project_qkv(x), separate()):
-            assert torch.allclose(got, want, atol=1e-6)
-        for got, want in zip(attn.project_kv(x), separate()[1:]):
-            assert torch.allclose(got, want, atol=1e-6)
-    # A fused Adam step changes the weights without bumping their version; the trainer
-    # calls train() before it and eval() before validating.
-    optimizer = torch.optim.Adam(attn.parameters(), lr=0.1, fused=True)
-    attn.train()
-    sum(p.sum() for p in attn.project_qkv(x)).backward()
-    optimizer.step()
-    attn.eval()
-    with torch.no_grad():
-        for got, want in zip(attn.project_qkv(x), separate()):
-            assert torch.allclose(got, want, atol=1e-6)
-    other = MultiheadAttention(32, 4, dropout=0.0)
-    attn.load_state_dict(other.state_dict())  # a checkpoint load
-    with torch.inference_mode():
-        for got, want in zip(attn.project_qkv(x), separate()):
-            assert torch.allclose(got, want, atol=1e-6)
-    attn.double()  # a dtype move
-    x = x.double()
-    attn.zero_grad()
-    with torch.no_grad():
-        assert attn.project_qkv(x)[0].dtype == torch.float64
-    # With gradients, each projection gets its own gradient through the stacked weight.
-    q, k, v = attn.project_qkv(x)
-    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
-    for proj, factor in ((attn.q_proj, 1), (attn.k_proj, 2), (attn.v_proj, 3)):
-        assert torch.allclose(proj.bias.grad, torch.full((32,), factor * 10.0, dtype=torch.float64))
-
-
-@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_dropout_drops_p_and_keeps_the_expectation(p, dtype):
-    from nmt.model.layers import dropout
-
-    torch.manual_seed(0)
-    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)  # 1e6 draws: std of the rate ~5e-4
-    y = dropout(x, p, training=True)
-    kept = y.detach() != 0
-    assert abs(1 - kept.float().mean().item() - p) < 3e-3
-    assert torch.allclose(y.detach()[kept].float(), torch.tensor(1 / (1 - p)), rtol=1e-2)
-    assert abs(y.detach().float().mean().item() - 1.0) < 1e-2  # unbiased
-    y.sum().backward()  # the gradient flows exactly through the kept elements, scaled
-    assert torch.equal(x.grad != 0, kept) and torch.equal(x.grad, y.detach())
-    assert dropout(x, p, training=False) is x and dropout(x, 0.0, training=True) is x
-
-
-def test_cpu_dropout_masks_are_independent_and_follow_the_seed():
-    from nmt.model.layers import dropout
-
-    x = torch.ones(4, 999)  # not a multiple of 4: the last 64-bit draw is partly used
-    torch.manual_seed(3)
-    a, b = dropout(x, 0.5, True), dropout(x, 0.5, True)
-    torch.manual_seed(3)
-    assert torch.equal(dropout(x, 0.5, True), a)  # reproducible from the seed (resume relies on it)
-    assert not torch.equal(a, b)
-    # four neighbouring elements share a 64-bit draw but not their decisions
-    kept = (a != 0).view(-1)[:3996].view(-1, 4)  # [draws, 4]
-    for lane in (1, 2, 3):
-        same = kept[:, 0] == kept[:, lane]
-        assert 0.44 < same.float().mean().item() < 0.56

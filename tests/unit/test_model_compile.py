@@ -7,10 +7,12 @@ import torch
 
 from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
+from nmt.model.kernels import FastKernels
+from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
 
 
-def make_model(**overrides) -> Transformer:
+def make_model(kernels: Kernels | None = None, **overrides) -> Transformer:
     torch.manual_seed(0)
     fields = dict(
         embed_dim=32,
@@ -22,7 +24,7 @@ def make_model(**overrides) -> Transformer:
         attention_dropout=0.1,
     )
     fields.update(overrides)
-    return Transformer(ModelConfig(**fields), 40, 40)
+    return Transformer(ModelConfig(**fields), 40, 40, kernels=kernels)
 
 
 def batch(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,8 +37,9 @@ def batch(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     return src.to(device), prev.to(device)
 
 
-def test_training_forward_has_no_graph_breaks():
-    model = make_model().train()
+@pytest.mark.parametrize("kernels", [FastKernels, Kernels], ids=["fast", "plain"])
+def test_training_forward_has_no_graph_breaks(kernels):
+    model = make_model(kernels()).train()
     explanation = torch._dynamo.explain(model)(*batch())
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1

@@ -1,0 +1,158 @@
+"""Faster versions of the operations the layers compute through (see layers.Kernels).
+
+`Transformer` is built with `FastKernels` unless given other kernels, so training and
+generation use these paths; `Transformer(..., kernels=Kernels())` builds the plain model,
+which computes the same function (to within fp32 rounding; tests/unit/test_model.py
+compares the two, outputs and gradients).
+
+What is faster here, and where:
+- q/k/v (and the encoder's k/v) projected by one matmul with the weights stacked
+  (`FusedProjectionAttention`; every device);
+- a cheaper dropout mask on CPU (`FastKernels.dropout`);
+- attention for CPU training: two matmuls around a softmax up to
+  MATMUL_ATTENTION_MAX_KEYS keys, and bf16 flash attention run in fp32 beyond
+  (`FastKernels.attention`);
+- no attention mask at all for a CPU batch without padding (`FastKernels.attention_mask`).
+CUDA and torch.compile keep torch's own kernels for all but the projections.
+
+Shape legend as in layers.py: B batch, T queries, K keys, D embed_dim, H heads, Dh head width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.model.layers import Kernels, MultiheadAttention
+
+# Key lengths up to which CPU training spells attention out (two matmuls around a softmax):
+# it beat SDPA's CPU flash kernels forward and backward up to ~150 keys, in fp32 and bf16.
+MATMUL_ATTENTION_MAX_KEYS = 128
+
+
+class FastKernels(Kernels):
+    """layers.Kernels' operations, faster where the device and the mode allow it."""
+
+    def dropout(self, x: Tensor, p: float, training: bool) -> Tensor:
+        """F.dropout with a cheaper mask on CPU (same distribution to within 2**-16 in p).
+
+        torch's CPU dropout draws one double per element from its serial RNG (a fifth of a
+        training step). Here each 64-bit draw gives the keep/drop decisions of four
+        elements (16 bits each; 64-bit draws cost a third of 32-bit ones per bit), which is
+        several times cheaper forward and backward. The mask keeps an element with
+        probability 1 - round(p * 2**16) / 2**16 and scales by its inverse, so the
+        expectation is exact. CUDA keeps F.dropout (its RNG is parallel), and so does
+        torch.compile, which fuses dropout with its own generator.
+        """
+        if not training or p == 0.0:
+            return x
+        if x.device.type != "cpu" or p >= 1.0 or torch.compiler.is_compiling():
+            return F.dropout(x, p, training)
+        drop = round(p * 65536)  # dropped values out of 2**16
+        n = x.numel()
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # 64 bits
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= drop - 32768  # P = 1 - drop / 2**16
+        return x * (keep.to(x.dtype) * (65536 / (65536 - drop)))
+
+    def attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        """SDPA [B,H,T,Dh] -> [B,H,T,Dh], with CPU training's own paths.
+
+        When gradients are needed on a CPU, torch's flash attention is slow for NMT's short
+        sequences: 10-30% slower than two matmuls around a softmax in fp32 (forward plus
+        backward), 2-4x slower in bf16, whose flash backward is ~3x slower than fp32's. So
+        up to MATMUL_ATTENTION_MAX_KEYS keys, attention is spelled out
+        (`attention_with_weights`: its [B,H,T,K] scores are small there); beyond, bf16
+        runs the flash kernels in fp32. CUDA and inference use SDPA as is.
+        """
+        if q.device.type != "cpu" or not torch.is_grad_enabled():
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        if k.size(-2) <= MATMUL_ATTENTION_MAX_KEYS:
+            return self.attention_with_weights(q, k, v, mask, is_causal, dropout_p)[0]
+        if q.dtype != torch.bfloat16:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(
+                q.float(),
+                k.float(),
+                v.float(),
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+            )
+        return out.to(torch.bfloat16)
+
+    def attention_mask(self, padding_mask: Tensor) -> Tensor | None:
+        """As Kernels', but None for a batch without padding, so that SDPA may pick its
+        fastest kernel. The check reads the data, so it runs only on CPU tensors in eager
+        mode: on a GPU it would wait for the device, and under torch.compile a branch on
+        data would break the graph."""
+        if (
+            padding_mask.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+            and not bool(padding_mask.any())
+        ):
+            return None
+        return super().attention_mask(padding_mask)
+
+    def multihead_attention(
+        self, embed_dim: int, num_heads: int, dropout: float
+    ) -> MultiheadAttention:
+        return FusedProjectionAttention(embed_dim, num_heads, dropout, self)
+
+
+class FusedProjectionAttention(MultiheadAttention):
+    """MultiheadAttention whose projections of the same input run as one matmul.
+
+    One bigger matmul is faster than three small ones, and under autocast the input is
+    cast to bf16 once instead of three times. The parameters stay fairseq's separate
+    q_proj/k_proj/v_proj; their concatenation is built per call in training (its gradient
+    splits back for free) and kept between calls in inference.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float, kernels: Kernels):
+        super().__init__(embed_dim, num_heads, dropout, kernels)
+        self._joint_cache: dict[str, tuple[tuple, Tensor, Tensor]] = {}
+
+    def _joint(self, name: str, projs: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
+        """The projections stacked into one: (weight [n*D,D], bias [n*D])."""
+        if torch.is_grad_enabled():  # training: rebuilt each time so the gradient flows
+            return (torch.cat([p.weight for p in projs]), torch.cat([p.bias for p in projs]))
+        # Inference: reuse until a parameter changes. A load or an in-place edit bumps its
+        # version, a move to another device or dtype changes its storage; a fused
+        # optimizer step does neither, so `train()` (called for every training step, and
+        # by `eval()`) empties the cache as well.
+        params = [t for p in projs for t in (p.weight, p.bias)]
+        key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in params)
+        cached = self._joint_cache.get(name)
+        if cached is None or cached[0] != key:
+            weight = torch.cat([p.weight for p in projs]).detach()
+            bias = torch.cat([p.bias for p in projs]).detach()
+            cached = self._joint_cache[name] = (key, weight, bias)
+        return cached[1], cached[2]
+
+    def train(self, mode: bool = True) -> FusedProjectionAttention:
+        self._joint_cache.clear()
+        return super().train(mode)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        kv = F.linear(x, *self._joint("kv", (self.k_proj, self.v_proj)))  # [B,K,2D]
+        k, v = kv.chunk(2, dim=-1)
+        return self.split_heads(k), self.split_heads(v)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        qkv = F.linear(x, *self._joint("qkv", (self.q_proj, self.k_proj, self.v_proj)))  # [B,T,3D]
+        q, k, v = qkv.chunk(3, dim=-1)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
