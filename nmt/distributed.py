@@ -41,15 +41,18 @@ class DistEnv:
 def env_from_environ(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read torchrun's RANK, WORLD_SIZE and LOCAL_RANK (all absent = one process)."""
     environ = os.environ if environ is None else environ
-    values = {}
-    for key, default in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", None)):
+
+    def number(key: str) -> int | None:
         raw = environ.get(key)
         try:
-            values[key] = default if raw is None else int(raw)
+            return None if raw is None else int(raw)
         except ValueError:
-            raise NmtError(f"environment {key}={raw!r}: not an integer (set by torchrun)") from None
-    world, rank = values["WORLD_SIZE"], values["RANK"]
-    local = rank if values["LOCAL_RANK"] is None else values["LOCAL_RANK"]
+            raise NmtError(f"environment {key}={raw}: not an integer (set by torchrun)") from None
+
+    rank, world, local = number("RANK"), number("WORLD_SIZE"), number("LOCAL_RANK")
+    rank = 0 if rank is None else rank
+    world = 1 if world is None else world
+    local = rank if local is None else local
     if world < 1 or not 0 <= rank < world:
         raise NmtError(f"environment RANK={rank} WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE")
     return DistEnv(rank=rank, world_size=world, local_rank=local)

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -88,7 +89,7 @@ class TokenArray:
         return {"prefix": self.prefix}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["prefix"])
+        TokenArray.__init__(self, state["prefix"])
 
 
 class TokenArrayWriter:
@@ -177,8 +178,9 @@ class _ChunkEncoder:
             ]
             removed[INVALID_UTF8] = n - len(pairs)
             src_lines, tgt_lines = [a for a, _ in pairs], [b for _, b in pairs]
-        src_ids, src_lens = self._encode(self.src, src_lines)
-        tgt_ids, tgt_lens = self._encode(self.tgt, tgt_lines)
+        # no None is left: the pairs with a skipped line are gone
+        src_ids, src_lens = self._encode(self.src, cast(list[str], src_lines))
+        tgt_ids, tgt_lens = self._encode(self.tgt, cast(list[str], tgt_lines))
         if task.clean is not None:
             keep, counts = task.clean.apply(src_lens, tgt_lens)
             removed.update(counts)
@@ -296,7 +298,7 @@ class Encoder:
         out_prefix_src: Path,
         out_prefix_tgt: Path,
         clean: CleanRules | None,
-        progress: Callable[[int], None] = lambda n: None,
+        progress: Callable[[int], object] = lambda n: None,
     ) -> SplitStats:
         """Write both sides of one split; returns its counts."""
         tasks = [

@@ -37,7 +37,7 @@ class InvalidUtf8(str, Enum):
     """What to do with a line that is not valid UTF-8."""
 
     error = "error"  # stop with the file and line number
-    replace = "replace"  # keep the line, bad bytes become U+FFFD
+    replace = "replace"  # type: ignore[assignment]  # keep the line, bad bytes become U+FFFD
     skip = "skip"  # drop the pair (counted as removed: invalid_utf8), in every split
 
 

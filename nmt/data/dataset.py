@@ -14,7 +14,8 @@ from nmt.errors import NmtError
 class TokenSequences(Protocol):
     """What nmt.data.binarize.TokenArray provides (and what tests may stand in with)."""
 
-    sizes: np.ndarray  # int64 lengths, eos included
+    @property
+    def sizes(self) -> np.ndarray: ...  # int64 lengths, eos included
 
     def __len__(self) -> int: ...
 
@@ -42,7 +43,7 @@ class PairDataset:
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.src[i], self.tgt[i]
 
-    def pairs(self, indices: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def pairs(self, indices: Sequence[int] | np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(self.src[int(i)], self.tgt[int(i)]) for i in indices]
 
 

@@ -26,6 +26,7 @@ from nmt.generation.config import SearchConfig
 from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors
 from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
 from nmt.model.cache import CacheMemory
+from nmt.model.transformer import Transformer
 
 
 @dataclass
@@ -42,7 +43,7 @@ class _Member:
     """One model of the ensemble with its encoder output and decoder cache."""
 
     def __init__(
-        self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor, cache_args: dict | None
+        self, model: Transformer, src_tokens: Tensor, expand: Tensor, cache_args: dict | None
     ):
         self.model = model
         self.enc = model.encode(src_tokens)  # one row per sentence
@@ -162,7 +163,7 @@ class SequenceGenerator:
     """
 
     def __init__(
-        self, models: Sequence[torch.nn.Module], search: SearchConfig, attn_layer: int | None = None
+        self, models: Sequence[Transformer], search: SearchConfig, attn_layer: int | None = None
     ):
         search.validate()
         self.models = list(models)

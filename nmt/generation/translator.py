@@ -20,7 +20,6 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import torch
@@ -227,7 +226,7 @@ class Translator:
         bundles = load_ensemble(paths, runtime.device)
         first = bundles[0]
         return cls(
-            [cast(Transformer, b.model) for b in bundles],
+            [b.model for b in bundles],
             first.src_tokenizer,
             first.tgt_tokenizer,
             search=search,

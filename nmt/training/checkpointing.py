@@ -21,7 +21,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,8 @@ _NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
 def rng_state() -> dict[str, Any]:
     """Every RNG training touches, as tensors and plain values (weights_only-loadable)."""
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    legacy_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = legacy_state
     py_version, py_state, py_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),

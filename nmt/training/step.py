@@ -45,7 +45,7 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
 
     params = [p for p in t.model.parameters() if p.grad is not None]
     t.scaler.unscale_(t.optimizer)  # gnorm and clipping see the true gradients
-    gnorm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    gnorm = torch.nn.utils.get_total_norm([g for p in params if (g := p.grad) is not None])
     if t.cfg.clip_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, t.cfg.clip_norm, gnorm)
     t.meter.lr = t.scheduler.step(t.progress.num_updates)
