@@ -65,17 +65,21 @@ def create_app(
     )
     state: dict[str, Any] = {"error": None}
 
+    def ready(registry: ModelRegistry) -> None:
+        registry.report_batches(metrics.batch)
+        service.ready(registry)
+        metrics.models_loaded.set(1)
+
     def load() -> None:
         try:
-            registry = ModelRegistry.load(cfg, on_batch=metrics.batch)
+            registry = ModelRegistry.load(cfg)
         except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops
             state["error"] = exc
             log.error("nmt-serve: loading the models failed: %s", exc)
             if on_load_error is not None:
                 on_load_error(exc)
             return
-        service.ready(registry)
-        metrics.models_loaded.set(1)
+        ready(registry)
         names = ", ".join(f"{m.name} ({m.source}->{m.target})" for m in registry.models)
         log.info("nmt-serve: ready: %s", names)
 
@@ -84,8 +88,7 @@ def create_app(
         if models is None:
             threading.Thread(target=load, name="nmt-serve-load", daemon=True).start()
         else:
-            service.ready(models)
-            metrics.models_loaded.set(1)
+            ready(models)
         yield
         # uvicorn has let the requests in flight finish; the queues are empty by now.
         if models is None and service.models is not None:

@@ -81,13 +81,8 @@ class ModelRegistry:
         self.by_name = {m.name: m for m in self.models}
 
     @classmethod
-    def load(
-        cls,
-        cfg: ServeConfig,
-        on_batch: Callable[[str, int, float], None] | None = None,
-    ) -> ModelRegistry:
-        """Load every model of `cfg` once and start its queue; `on_batch(model,
-        sentences, seconds)` hears of every batch decoded (metrics)."""
+    def load(cls, cfg: ServeConfig) -> ModelRegistry:
+        """Load every model of `cfg` once and start its queue."""
         cfg.validate()
         loaded: list[tuple[str | None, Translator, list[str]]] = []
         for spec in cfg.model_specs():
@@ -106,17 +101,20 @@ class ModelRegistry:
         names = _names(loaded)
         models = []
         for name, (_, translator, paths) in zip(names, loaded):
-            report = None if on_batch is None else _reporter(on_batch, name)
             queue = BatchQueue(
                 name,
                 max_sentences=cfg.max_sentences,
                 max_tokens=cfg.max_tokens,
                 max_wait=cfg.max_wait_ms / 1000,
                 max_queue=cfg.max_queue,
-                on_batch=report,
             )
             models.append(ServedModel(name, translator, queue, paths))
         return cls(models)
+
+    def report_batches(self, on_batch: Callable[[str, int, float], None]) -> None:
+        """`on_batch(model, sentences, seconds)` hears of every batch decoded (metrics)."""
+        for model in self.models:
+            model.queue.on_batch = _reporter(on_batch, model.name)
 
     def close(self, timeout: float | None = None) -> None:
         """Finish what is queued and stop every worker."""
