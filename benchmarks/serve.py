@@ -1,18 +1,24 @@
 """Benchmark `serve`: nmt-serve under load against offline nmt-generate, same model and text.
 
     .venv/bin/python benchmarks/serve.py --checkpoint runs/demo/checkpoint_best.pt \
-        --input data/demo/test.en --threads 1 [--clients 1,8,32] [--json serve.json]
+        --input data/demo/test.en --threads 1 [--clients 1,8,32] [--rounds 3] [--json out.json]
 
-A bounded, closed-loop load generator (httpx, asyncio) on 127.0.0.1: at each level, that
-many clients send one sentence per request (LibreTranslate's POST /translate) until every
-sentence of the input is translated once. Per level it reports sentences/s, the ratio to
-offline nmt-generate (the same sentences, checkpoint, beam and threads; its own throughput
-line, model loading excluded), p50/p99 latency, and the mean decoding batch (from
-/metrics). Besides: a direct Translator call per sentence (the latency a server adds to),
-and the Translator on batches of as many random sentences as there are clients (the most
-batching across that many clients can give). Offline runs before and after the server
-runs; their mean is the reference. The server's translations are checked against
-nmt-generate's, line for line.
+A bounded, closed-loop load generator (asyncio) on 127.0.0.1: at each level, that many
+clients, each on its own keep-alive connection, send one sentence per request
+(LibreTranslate's POST /translate) until every sentence of the input is translated once.
+Per level: sentences/s and its ratio to offline nmt-generate (the same sentences,
+checkpoint, beam and threads; nmt-generate's own throughput line, model loading excluded),
+p50/p99 latency, the mean decoding batch (from /metrics), and the Translator itself on
+batches of as many sentences as there are clients (in this process: the most that batching
+across that many one-sentence clients can give).
+
+Latency at 1 client is measured paired: sentence by sentence, a direct Translator call in
+this process, then the same sentence through the server; p50 of each.
+
+The machine drifts (shared CPUs), so each round runs offline, then every level, then the
+ceilings, and the report gives the median over rounds. The server's translations are
+checked against nmt-generate's, line for line. `--httpx` sends the load with httpx instead
+of the plain HTTP/1.1 client, which costs the load generator several times more CPU.
 
 Targets (issue 18): at 32 clients >= 0.8x offline throughput; at 1 client, p50 latency
 within 10% of a direct Translator call.
@@ -48,47 +54,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", required=True, help="text file, one sentence a line")
     parser.add_argument("--sentences", type=int, default=500, help="first N lines of --input")
     parser.add_argument("--clients", default="1,8,32", help="concurrency levels")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
+    parser.add_argument("--latency-sentences", type=int, default=100, help="paired, 1 client")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (both sides)")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-wait-ms", type=float, default=None, help="nmt-serve's max_wait_ms")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per level at most")
+    parser.add_argument("--httpx", action="store_true", help="send the load with httpx")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument(
-        "--httpx", action="store_true", help="send the load with httpx (costs the client more CPU)"
-    )
     args = parser.parse_args(argv)
-
-    lines = Path(args.input).read_text(encoding="utf-8").splitlines()[: args.sentences]
-    lines = [line for line in lines if line.strip()]
-    levels = [int(c) for c in args.clients.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
-        text = Path(tmp) / "input.txt"
-        text.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        before = offline(args, text, Path(tmp) / "offline.txt")
-        reference = (Path(tmp) / "offline.txt").read_text(encoding="utf-8").splitlines()
-        direct = direct_translator(args, lines, levels)
-        served = asyncio.run(serve_levels(args, lines, levels, reference))
-        after = offline(args, text, Path(tmp) / "offline2.txt")
-    offline_rate = (before + after) / 2
-    results = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {args.device}",
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])]),
-        "sentences": len(lines),
-        "offline_sentences_per_s": [round(before, 1), round(after, 1)],
-        "direct_latency_ms": direct["latency_ms"],
-        "levels": [],
-    }
-    for level in served:
-        c = level["clients"]
-        level["x_offline"] = round(level["sentences_per_s"] / offline_rate, 3)
-        level["ideal_sentences_per_s"] = direct["batched"][c]
-        results["levels"].append(level)
+    results = asyncio.run(run(args, sys.argv[1:] if argv is None else argv))
     print(report(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+async def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    from nmt import Translator
+
+    lines = Path(args.input).read_text(encoding="utf-8").splitlines()[: args.sentences]
+    lines = [line for line in lines if line.strip()]
+    levels = [int(c) for c in args.clients.split(",")]
+    translator = Translator.from_checkpoint(
+        args.checkpoint, device=args.device, threads=args.threads, beam=args.beam
+    )
+    translator.translate(lines[:8])  # warm up
+    rounds: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "input.txt"
+        text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        output = Path(tmp) / "offline.txt"
+        async with served(args, max(levels)) as (url, pair):
+            for _ in range(args.rounds):
+                this: dict = {"offline": offline(args, text, output), "levels": {}}
+                reference = output.read_text(encoding="utf-8").splitlines()
+                for clients in levels:
+                    await load(url, lines[: 2 * clients], clients, pair, args.httpx)  # warm up
+                    this["levels"][clients] = await level(
+                        url, lines, clients, pair, reference, args
+                    )
+                this["ceiling"] = {c: batched(translator, lines, c) for c in levels}
+                this["latency"] = await paired_latency(
+                    url, translator, lines[: args.latency_sentences], pair
+                )
+                rounds.append(this)
+    return summary(args, argv, lines, levels, rounds)
 
 
 def offline(args: argparse.Namespace, text: Path, output: Path) -> float:
@@ -114,32 +126,34 @@ def offline(args: argparse.Namespace, text: Path, output: Path) -> float:
     return float(found.group(3))
 
 
-def direct_translator(args: argparse.Namespace, lines: list[str], levels: list[int]) -> dict:
-    """A Translator in this process: latency of one sentence per call (p50 over up to 200
-    calls), and throughput on batches of `level` consecutive sentences."""
-    from nmt import Translator
-
-    translator = Translator.from_checkpoint(
-        args.checkpoint, device=args.device, threads=args.threads, beam=args.beam
-    )
-    translator.translate(lines[:8])  # warm up
-    times = []
-    for line in lines[:200]:
-        start = time.perf_counter()
-        translator.translate([line])
-        times.append(time.perf_counter() - start)
-    batched = {}
-    for level in levels:
-        start = time.perf_counter()
-        for i in range(0, len(lines), level):
-            translator.translate(lines[i : i + level])
-        batched[level] = round(len(lines) / (time.perf_counter() - start), 1)
-    return {"latency_ms": round(1000 * statistics.median(times), 2), "batched": batched}
+def batched(translator, lines: list[str], size: int) -> float:
+    """The Translator's sentences/s on consecutive batches of `size` sentences."""
+    start = time.perf_counter()
+    for i in range(0, len(lines), size):
+        translator.translate(lines[i : i + size])
+    return len(lines) / (time.perf_counter() - start)
 
 
-async def serve_levels(
-    args: argparse.Namespace, lines: list[str], levels: list[int], reference: list[str]
-) -> list[dict]:
+async def paired_latency(url: str, translator, lines: list[str], pair: dict) -> dict:
+    """Per sentence a direct Translator call, then the same sentence through the server."""
+    direct, server = [], []
+    async with _client(url, use_httpx=False) as post:
+        for line in lines:
+            start = time.perf_counter()
+            translator.translate([line])
+            direct.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await post("/translate", {"q": line, **pair})
+            server.append(time.perf_counter() - start)
+    return {
+        "direct_p50_ms": 1000 * statistics.median(direct),
+        "server_p50_ms": 1000 * statistics.median(server),
+    }
+
+
+@contextlib.asynccontextmanager
+async def served(args: argparse.Namespace, most_clients: int):
+    """nmt-serve on a free loopback port, ready; yields (url, {source, target})."""
     command = [
         str(BIN / "nmt-serve"),
         f"checkpoint={args.checkpoint}",
@@ -149,21 +163,16 @@ async def serve_levels(
         f"device={args.device}",
         "access_log=false",
         "log_level=warning",
-        f"max_request_sentences={max(levels)}",
+        f"max_request_sentences={max(most_clients, 128)}",
     ]
     if args.max_wait_ms is not None:
         command.append(f"max_wait_ms={args.max_wait_ms}")
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         url = await _ready(server)
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=url) as client:
             languages = (await client.get("/languages")).json()
-            pair = {"source": languages[0]["code"], "target": languages[0]["targets"][0]}
-            out = []
-            for clients in levels:
-                await _load(url, lines[: 2 * clients], clients, pair, args.httpx)  # warm up
-                out.append(await _level(client, url, lines, clients, pair, reference, args))
-        return out
+        yield url, {"source": languages[0]["code"], "target": languages[0]["targets"][0]}
     finally:
         server.terminate()
         server.wait(60)
@@ -173,7 +182,6 @@ async def _ready(server: subprocess.Popen) -> str:
     """The server's URL once /health answers 200."""
     assert server.stderr is not None
     url = None
-    deadline = time.monotonic() + 300
     while url is None:
         line = await asyncio.to_thread(server.stderr.readline)
         if not line:
@@ -181,6 +189,7 @@ async def _ready(server: subprocess.Popen) -> str:
         found = SERVING.search(line)
         url = found.group(1) if found else None
     asyncio.get_running_loop().run_in_executor(None, _drain, server.stderr)
+    deadline = time.monotonic() + 300
     async with httpx.AsyncClient(base_url=url) as client:
         while (await client.get("/health")).status_code != 200:
             if time.monotonic() > deadline:
@@ -194,11 +203,11 @@ def _drain(stream) -> None:
         sys.stderr.write(line)
 
 
-async def _load(
+async def load(
     url: str, lines: list[str], clients: int, pair: dict, use_httpx: bool
 ) -> tuple[list[str | None], list[float], float]:
     """`clients` closed-loop clients, each on its own keep-alive connection, one sentence
-    per request (LibreTranslate's JSON), until every line is done."""
+    per request, until every line is done."""
     outputs: list[str | None] = [None] * len(lines)
     latencies: list[float] = []
     todo = iter(range(len(lines)))
@@ -219,9 +228,9 @@ async def _load(
 @contextlib.asynccontextmanager
 async def _client(url: str, use_httpx: bool):
     """post(path, obj) -> the JSON answer, over one keep-alive connection. The plain one
-    writes HTTP/1.1 itself: httpx spends ~1-4 ms of CPU per request, more than the server
-    spends decoding a small model's sentence, and on a small machine the load generator
-    would take the server's CPU."""
+    writes HTTP/1.1 itself: httpx spends 1-4 ms of CPU per request, more than the server
+    spends on a small model's sentence, and on a small machine the load generator would
+    take the server's CPU."""
     if use_httpx:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
 
@@ -260,8 +269,7 @@ async def _client(url: str, use_httpx: bool):
         writer.close()
 
 
-async def _level(
-    client: httpx.AsyncClient,
+async def level(
     url: str,
     lines: list[str],
     clients: int,
@@ -269,57 +277,95 @@ async def _level(
     reference: list[str],
     args: argparse.Namespace,
 ) -> dict:
-    before = await _batches(client)
+    before = await _batches(url)
     cpu = time.process_time()
     outputs, latencies, seconds = await asyncio.wait_for(
-        _load(url, lines, clients, pair, args.httpx), args.timeout
+        load(url, lines, clients, pair, args.httpx), args.timeout
     )
     client_cpu = time.process_time() - cpu
-    after = await _batches(client)
+    after = await _batches(url)
     wrong = sum(o != r for o, r in zip(outputs, reference))
     if wrong:
-        raise SystemExit(
-            f"serve.py: {wrong} translations at {clients} clients differ from nmt-generate's"
-        )
+        raise SystemExit(f"serve.py: {wrong} translations at {clients} clients differ from offline")
     latencies.sort()
     batches = after[1] - before[1]
     return {
-        "clients": clients,
-        "sentences_per_s": round(len(lines) / seconds, 1),
-        "p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
-        "p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
-        "mean_batch": round((after[0] - before[0]) / batches, 1) if batches else None,
-        "client_cpu_ms": round(1000 * client_cpu / len(lines), 2),
+        "sentences_per_s": len(lines) / seconds,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "mean_batch": (after[0] - before[0]) / batches if batches else 0.0,
+        "client_cpu_ms": 1000 * client_cpu / len(lines),
     }
 
 
-async def _batches(client: httpx.AsyncClient) -> tuple[float, float]:
+async def _batches(url: str) -> tuple[float, float]:
     """(sentences, batches) decoded so far, from /metrics."""
-    text = (await client.get("/metrics")).text
+    async with httpx.AsyncClient(base_url=url) as client:
+        text = (await client.get("/metrics")).text
     found = dict((kind, float(value)) for kind, value in METRIC.findall(text))
     return found.get("sum", 0.0), found.get("count", 0.0)
 
 
+def summary(
+    args: argparse.Namespace, argv: list[str], lines: list[str], levels: list[int], rounds: list
+) -> dict:
+    """Medians over rounds; ratios per round first (each against its own offline run)."""
+
+    def med(values) -> float:
+        return round(statistics.median(values), 2)
+
+    out: dict = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {args.device}, "
+        f"{args.threads} torch thread(s)",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join(["benchmarks/serve.py", *argv]),
+        "sentences": len(lines),
+        "rounds": len(rounds),
+        "offline_sentences_per_s": med(r["offline"] for r in rounds),
+        "direct_p50_ms": med(r["latency"]["direct_p50_ms"] for r in rounds),
+        "server_1_client_p50_ms": med(r["latency"]["server_p50_ms"] for r in rounds),
+        "latency_ratio": med(
+            r["latency"]["server_p50_ms"] / r["latency"]["direct_p50_ms"] for r in rounds
+        ),
+        "levels": [],
+        "raw": rounds,
+    }
+    for c in levels:
+        per = [r["levels"][c] for r in rounds]
+        out["levels"].append(
+            {
+                "clients": c,
+                "sentences_per_s": med(p["sentences_per_s"] for p in per),
+                "x_offline": med(r["levels"][c]["sentences_per_s"] / r["offline"] for r in rounds),
+                "p50_ms": med(p["p50_ms"] for p in per),
+                "p99_ms": med(p["p99_ms"] for p in per),
+                "mean_batch": med(p["mean_batch"] for p in per),
+                "ceiling_x_offline": med(r["ceiling"][c] / r["offline"] for r in rounds),
+                "client_cpu_ms": med(p["client_cpu_ms"] for p in per),
+            }
+        )
+    return out
+
+
 def report(results: dict) -> str:
-    offline = sum(results["offline_sentences_per_s"]) / 2
-    direct = results["direct_latency_ms"]
     rows = [
-        f"serve benchmark, {results['sentences']} sentences, {results['machine']}, {results['date']}",
+        f"serve benchmark: {results['sentences']} sentences, {results['machine']}, "
+        f"{results['date']}, median of {results['rounds']} interleaved rounds",
         f"command: {results['command']}",
-        f"offline nmt-generate: {offline:.1f} sentences/s "
-        f"(before/after: {results['offline_sentences_per_s']}); "
-        f"direct Translator call: p50 {direct:.2f} ms per sentence",
+        f"offline nmt-generate: {results['offline_sentences_per_s']} sentences/s",
+        f"1 client, paired: p50 {results['server_1_client_p50_ms']} ms through the server, "
+        f"{results['direct_p50_ms']} ms by a direct Translator call "
+        f"(ratio {results['latency_ratio']:.2f})",
         "",
-        "| clients | sentences/s | x offline | p50 ms | p99 ms | p50 / direct | mean batch "
-        "| Translator on batches of `clients` | load generator CPU per request |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| clients | sentences/s | x offline | p50 ms | p99 ms | mean batch "
+        "| Translator on batches of `clients`, x offline | load generator CPU ms/request |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for level in results["levels"]:
+    for lv in results["levels"]:
         rows.append(
-            f"| {level['clients']} | {level['sentences_per_s']} | {level['x_offline']:.2f} "
-            f"| {level['p50_ms']} | {level['p99_ms']} | {level['p50_ms'] / direct:.2f} "
-            f"| {level['mean_batch']} | {level['ideal_sentences_per_s']} sentences/s "
-            f"({level['ideal_sentences_per_s'] / offline:.2f}x) | {level['client_cpu_ms']} ms |"
+            f"| {lv['clients']} | {lv['sentences_per_s']} | {lv['x_offline']:.2f} "
+            f"| {lv['p50_ms']} | {lv['p99_ms']} | {lv['mean_batch']} "
+            f"| {lv['ceiling_x_offline']:.2f} | {lv['client_cpu_ms']} |"
         )
     return "\n".join(rows)
 

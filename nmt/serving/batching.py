@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from nmt.errors import NmtError
 from nmt.generation.translator import Translator
@@ -114,11 +115,13 @@ class BatchQueue:
         max_wait: float = 0.02,
         max_queue: int = 4096,
         on_batch: Callable[[int, float], None] | None = None,
+        device: torch.device | None = None,
     ):
         """`max_sentences`/`max_tokens` (padded source tokens, 0 = no limit) bound a batch
         as the Translator's own batching does, so a batch is one decoder call; `max_wait`
         in seconds; `on_batch(sentences, seconds)` is told of every batch decoded (empty
-        lines, which need no decoding, not counted)."""
+        lines, which need no decoding, not counted). `device`: the model's, made the
+        worker thread's current CUDA device (a per-thread setting)."""
         self.name = name
         self.max_sentences, self.max_tokens = max_sentences, max_tokens
         self.max_wait, self.max_queue = max_wait, max_queue
@@ -131,6 +134,7 @@ class BatchQueue:
         self._window_start = time.monotonic()
         self._free_since = time.monotonic()
         self._closed = False
+        self._device = device
         self._thread = threading.Thread(target=self._work, name=f"nmt-serve-{name}", daemon=True)
         self._thread.start()
 
@@ -164,6 +168,8 @@ class BatchQueue:
     # -- the worker ---------------------------------------------------------------------
 
     def _work(self) -> None:
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
         jobs: deque[Job] = deque()  # prepared, with sentences not in a batch yet
         while True:
             new = self._collect(block=not jobs)
@@ -274,12 +280,12 @@ class BatchQueue:
         """The next batch: the oldest job's kind, round-robin over its jobs, within the
         batch limits (a sampling job: all of it)."""
         head = jobs[0]
+        batch: list[tuple[Job, int]] = []
         if not head.merge:
             batch = [(head, i) for i in range(head.taken, len(head.texts))]
             head.taken = len(head.texts)
             return batch
         same = [j for j in jobs if j.kind == head.kind]
-        batch: list[tuple[Job, int]] = []
         count, longest = 0, 0
         while True:
             progressed = False

@@ -49,9 +49,9 @@ def router(service: Service) -> APIRouter:
                 raise bad_request(f"Invalid request: missing {name} parameter")
         if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
             raise bad_request("q: must be a string or a list of strings")
-        for name, value in (("source", source), ("target", target)):
-            if not isinstance(value, str):
-                raise bad_request(f"{name}: must be a language code (a string)")
+        if not isinstance(source, str) or not isinstance(target, str):
+            name = "source" if not isinstance(source, str) else "target"
+            raise bad_request(f"{name}: must be a language code (a string)")
         text_format = params.get("format") or "text"
         if text_format != "text":
             raise bad_request(f"format={text_format}: not supported; use format=text")

@@ -20,7 +20,7 @@ from nmt.serving.config import ServeConfig
 from nmt.serving.errors import ApiError, bad_request
 from nmt.serving.languages import language_name
 
-VARIANTS = 8  # searches other than the model's own kept ready per model (least recent go)
+VARIANTS = 4  # searches other than the model's own kept ready per model (least recent go)
 AUTO = "auto"  # LibreTranslate's "detect the source language"
 
 
@@ -107,6 +107,7 @@ class ModelRegistry:
                 max_tokens=cfg.max_tokens,
                 max_wait=cfg.max_wait_ms / 1000,
                 max_queue=cfg.max_queue,
+                device=translator.device,
             )
             models.append(ServedModel(name, translator, queue, paths))
         return cls(models)

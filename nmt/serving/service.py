@@ -133,9 +133,11 @@ class Service:
                 f"prefixes: {len(prefixes)} of them for {len(texts)} texts; give one "
                 "prefix (or null) per text"
             )
+        translator = model.translator_for(search)
         job = Job(
-            model.translator_for(search),
-            kind=(TRANSLATE, dataclasses.astuple(search), alignment),
+            translator,
+            # one translator per search (ServedModel keeps them): its identity is the search's
+            kind=(TRANSLATE, translator, alignment),
             texts=texts,
             prefixes=prefixes,
             nbest=nbest,
