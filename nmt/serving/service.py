@@ -53,11 +53,10 @@ class Service:
         """A model by name, else by its language pair, else the only one."""
         models = self.registry()
         if name is None and (source or target):
-            if not (source and target):
+            if source is None or target is None:
                 missing = "target" if source else "source"
                 raise bad_request(f"{missing}=null: give source and target, or model=")
-            found = models.for_pair(source, target)  # type: ignore[arg-type]
-            return found
+            return models.for_pair(source, target)
         model = models.named(name)
         for key, value, own in (("source", source, model.source), ("target", target, model.target)):
             if value is not None and value != own and not (key == "source" and value == "auto"):
