@@ -8,9 +8,11 @@ clients, each on its own keep-alive connection, send one sentence per request
 (LibreTranslate's POST /translate) until every sentence of the input is translated once.
 Per level: sentences/s and its ratio to offline nmt-generate (the same sentences,
 checkpoint, beam and threads; nmt-generate's own throughput line, model loading excluded),
-p50/p99 latency, the mean decoding batch (from /metrics), and the Translator itself on
-batches of as many sentences as there are clients (in this process: the most that batching
-across that many one-sentence clients can give).
+p50/p99 latency, the mean decoding batch (from /metrics), the Translator itself on batches
+of as many sentences as there are clients (in this process: the most that batching across
+that many one-sentence clients can give), and CPU time per sentence, the server's (all its
+threads) and the load generator's, against nmt-generate's (its run less a one-line run's).
+On a shared machine CPU time drifts much less than wall time.
 
 Latency at 1 client is measured paired: sentence by sentence, a direct Translator call in
 this process, then the same sentence through the server; p50 of each.
@@ -33,6 +35,7 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -86,14 +89,14 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict:
         text = Path(tmp) / "input.txt"
         text.write_text("\n".join(lines) + "\n", encoding="utf-8")
         output = Path(tmp) / "offline.txt"
-        async with served(args, max(levels)) as (url, pair):
+        async with served(args, max(levels)) as (url, pair, pid):
             for _ in range(args.rounds):
                 this: dict = {"offline": offline(args, text, output), "levels": {}}
                 reference = output.read_text(encoding="utf-8").splitlines()
                 for clients in levels:
                     await load(url, lines[: 2 * clients], clients, pair, args.httpx)  # warm up
                     this["levels"][clients] = await level(
-                        url, lines, clients, pair, reference, args
+                        url, pid, lines, clients, pair, reference, args
                     )
                 this["ceiling"] = {c: batched(translator, lines, c) for c in levels}
                 this["latency"] = await paired_latency(
@@ -103,8 +106,26 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict:
     return summary(args, argv, lines, levels, rounds)
 
 
-def offline(args: argparse.Namespace, text: Path, output: Path) -> float:
-    """nmt-generate's own sentences/s on the file (its throughput line)."""
+def offline(args: argparse.Namespace, text: Path, output: Path) -> dict:
+    """nmt-generate on the file: its own sentences/s (its throughput line), and its CPU
+    time per sentence (the run's CPU less a one-line run's: start-up and loading out)."""
+    one = text.with_name("one-line.txt")
+    one.write_text(text.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
+    cpu_one, _ = _generate(args, one, output.with_name("one-line.out"))
+    cpu_all, stderr = _generate(args, text, output)
+    found = THROUGHPUT.search(stderr)
+    if found is None:
+        raise SystemExit(f"serve.py: no throughput line from nmt-generate: {stderr[-500:]}")
+    sentences = int(found.group(1))
+    return {
+        "sentences_per_s": float(found.group(3)),
+        "cpu_ms": 1000 * (cpu_all - cpu_one) / max(sentences - 1, 1),
+    }
+
+
+def _generate(args: argparse.Namespace, text: Path, output: Path) -> tuple[float, str]:
+    """(CPU seconds, stderr) of one nmt-generate run."""
+    before = _children_cpu()
     done = subprocess.run(
         [
             str(BIN / "nmt-generate"),
@@ -120,10 +141,18 @@ def offline(args: argparse.Namespace, text: Path, output: Path) -> float:
         text=True,
         check=True,
     )
-    found = THROUGHPUT.search(done.stderr)
-    if found is None:
-        raise SystemExit(f"serve.py: no throughput line from nmt-generate: {done.stderr[-500:]}")
-    return float(found.group(3))
+    return _children_cpu() - before, done.stderr
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of a running process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def batched(translator, lines: list[str], size: int) -> float:
@@ -153,7 +182,7 @@ async def paired_latency(url: str, translator, lines: list[str], pair: dict) -> 
 
 @contextlib.asynccontextmanager
 async def served(args: argparse.Namespace, most_clients: int):
-    """nmt-serve on a free loopback port, ready; yields (url, {source, target})."""
+    """nmt-serve on a free loopback port, ready; yields (url, {source, target}, pid)."""
     command = [
         str(BIN / "nmt-serve"),
         f"checkpoint={args.checkpoint}",
@@ -172,7 +201,8 @@ async def served(args: argparse.Namespace, most_clients: int):
         url = await _ready(server)
         async with httpx.AsyncClient(base_url=url) as client:
             languages = (await client.get("/languages")).json()
-        yield url, {"source": languages[0]["code"], "target": languages[0]["targets"][0]}
+        pair = {"source": languages[0]["code"], "target": languages[0]["targets"][0]}
+        yield url, pair, server.pid
     finally:
         server.terminate()
         server.wait(60)
@@ -271,6 +301,7 @@ async def _client(url: str, use_httpx: bool):
 
 async def level(
     url: str,
+    pid: int,
     lines: list[str],
     clients: int,
     pair: dict,
@@ -278,11 +309,11 @@ async def level(
     args: argparse.Namespace,
 ) -> dict:
     before = await _batches(url)
-    cpu = time.process_time()
+    cpu, server_cpu = time.process_time(), _process_cpu(pid)
     outputs, latencies, seconds = await asyncio.wait_for(
         load(url, lines, clients, pair, args.httpx), args.timeout
     )
-    client_cpu = time.process_time() - cpu
+    client_cpu, server_cpu = time.process_time() - cpu, _process_cpu(pid) - server_cpu
     after = await _batches(url)
     wrong = sum(o != r for o, r in zip(outputs, reference))
     if wrong:
@@ -295,6 +326,7 @@ async def level(
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "mean_batch": (after[0] - before[0]) / batches if batches else 0.0,
         "client_cpu_ms": 1000 * client_cpu / len(lines),
+        "server_cpu_ms": 1000 * server_cpu / len(lines),
     }
 
 
@@ -321,7 +353,8 @@ def summary(
         "command": " ".join(["benchmarks/serve.py", *argv]),
         "sentences": len(lines),
         "rounds": len(rounds),
-        "offline_sentences_per_s": med(r["offline"] for r in rounds),
+        "offline_sentences_per_s": med(r["offline"]["sentences_per_s"] for r in rounds),
+        "offline_cpu_ms": med(r["offline"]["cpu_ms"] for r in rounds),
         "direct_p50_ms": med(r["latency"]["direct_p50_ms"] for r in rounds),
         "server_1_client_p50_ms": med(r["latency"]["server_p50_ms"] for r in rounds),
         "latency_ratio": med(
@@ -336,12 +369,18 @@ def summary(
             {
                 "clients": c,
                 "sentences_per_s": med(p["sentences_per_s"] for p in per),
-                "x_offline": med(r["levels"][c]["sentences_per_s"] / r["offline"] for r in rounds),
+                "x_offline": med(
+                    r["levels"][c]["sentences_per_s"] / r["offline"]["sentences_per_s"]
+                    for r in rounds
+                ),
                 "p50_ms": med(p["p50_ms"] for p in per),
                 "p99_ms": med(p["p99_ms"] for p in per),
                 "mean_batch": med(p["mean_batch"] for p in per),
-                "ceiling_x_offline": med(r["ceiling"][c] / r["offline"] for r in rounds),
+                "ceiling_x_offline": med(
+                    r["ceiling"][c] / r["offline"]["sentences_per_s"] for r in rounds
+                ),
                 "client_cpu_ms": med(p["client_cpu_ms"] for p in per),
+                "server_cpu_ms": med(p["server_cpu_ms"] for p in per),
             }
         )
     return out
@@ -352,20 +391,22 @@ def report(results: dict) -> str:
         f"serve benchmark: {results['sentences']} sentences, {results['machine']}, "
         f"{results['date']}, median of {results['rounds']} interleaved rounds",
         f"command: {results['command']}",
-        f"offline nmt-generate: {results['offline_sentences_per_s']} sentences/s",
+        f"offline nmt-generate: {results['offline_sentences_per_s']} sentences/s, "
+        f"{results['offline_cpu_ms']} ms of CPU per sentence",
         f"1 client, paired: p50 {results['server_1_client_p50_ms']} ms through the server, "
         f"{results['direct_p50_ms']} ms by a direct Translator call "
         f"(ratio {results['latency_ratio']:.2f})",
         "",
         "| clients | sentences/s | x offline | p50 ms | p99 ms | mean batch "
-        "| Translator on batches of `clients`, x offline | load generator CPU ms/request |",
+        "| Translator on batches of `clients`, x offline "
+        "| CPU ms per sentence: server (+ load generator) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for lv in results["levels"]:
         rows.append(
             f"| {lv['clients']} | {lv['sentences_per_s']} | {lv['x_offline']:.2f} "
             f"| {lv['p50_ms']} | {lv['p99_ms']} | {lv['mean_batch']} "
-            f"| {lv['ceiling_x_offline']:.2f} | {lv['client_cpu_ms']} |"
+            f"| {lv['ceiling_x_offline']:.2f} | {lv['server_cpu_ms']} (+ {lv['client_cpu_ms']}) |"
         )
     return "\n".join(rows)
 

@@ -12,8 +12,10 @@ the event loop about a millisecond per call.)
 
 When to decode: at once when a batch is full; otherwise the worker waits for more only
 while more are expected, i.e. until as many sentences are waiting as were in the server
-at once during the last second, and never longer than `max_wait` after it became free. So
-a lone client never waits, and many clients fill batches as offline translation does.
+at once during the last second, while they keep coming (no pause over `wait_gap`), and
+never longer than `max_wait` after it became free. So a lone client never waits, and
+clients that send again as soon as they are answered fill batches as offline translation
+does.
 
 A translation never depends on the other sentences of its batch (Translator's invariant),
 so batching across clients changes only the speed. Sampling jobs are never merged: each
@@ -112,19 +114,20 @@ class BatchQueue:
         *,
         max_sentences: int,
         max_tokens: int = 0,
-        max_wait: float = 0.02,
+        max_wait: float = 0.1,
+        wait_gap: float = 0.01,
         max_queue: int = 4096,
         on_batch: Callable[[int, float], None] | None = None,
         device: torch.device | None = None,
     ):
         """`max_sentences`/`max_tokens` (padded source tokens, 0 = no limit) bound a batch
         as the Translator's own batching does, so a batch is one decoder call; `max_wait`
-        in seconds; `on_batch(sentences, seconds)` is told of every batch decoded (empty
+        and `wait_gap` in seconds; `on_batch(sentences, seconds)` is told of every batch decoded (empty
         lines, which need no decoding, not counted). `device`: the model's, made the
         worker thread's current CUDA device (a per-thread setting)."""
         self.name = name
         self.max_sentences, self.max_tokens = max_sentences, max_tokens
-        self.max_wait, self.max_queue = max_wait, max_queue
+        self.max_wait, self.wait_gap, self.max_queue = max_wait, wait_gap, max_queue
         self.on_batch = on_batch
         self._cond = threading.Condition()
         self._inbox: list[Job] = []  # submitted, not seen by the worker yet
@@ -133,6 +136,7 @@ class BatchQueue:
         self._peak = [0, 0]  # most sentences in the server at once: this window, the last
         self._window_start = time.monotonic()
         self._free_since = time.monotonic()
+        self._last_arrival = 0.0
         self._closed = False
         self._device = device
         self._thread = threading.Thread(target=self._work, name=f"nmt-serve-{name}", daemon=True)
@@ -151,7 +155,7 @@ class BatchQueue:
                 raise Closed(f"model {self.name} is stopping")
             if self._waiting and self._waiting + n > self.max_queue:
                 raise QueueFull(f"model {self.name} has {self._waiting} sentences waiting")
-            job.arrived = time.monotonic()
+            job.arrived = self._last_arrival = time.monotonic()
             self._inbox.append(job)
             self._waiting += n
             self._note_load(job.arrived)
@@ -175,16 +179,14 @@ class BatchQueue:
             new = self._collect(block=not jobs)
             if new is None:
                 return
-            for job in new:
-                if self._prepare(job):
-                    jobs.append(job)
-            jobs = self._unfinished(jobs)
+            jobs = self._add(jobs, new)
             if not jobs:
                 continue
             wait = self._wait_for_more(jobs, time.monotonic())
             if wait > 0:
                 self._sleep(wait)
                 continue
+            jobs = self._add(jobs, self._collect(block=False) or [])  # those that just came
             batch = self._take(jobs)
             with self._cond:
                 self._waiting -= len(batch)
@@ -219,6 +221,13 @@ class BatchQueue:
         with self._cond:
             if not self._inbox and not self._closed:
                 self._cond.wait(seconds)
+
+    def _add(self, jobs: deque[Job], new: list[Job]) -> deque[Job]:
+        """`jobs` with the new ones tokenized, less those done (refused, given up)."""
+        for job in new:
+            if self._prepare(job):
+                jobs.append(job)
+        return self._unfinished(jobs)
 
     def _prepare(self, job: Job) -> bool:
         """Tokenize a new job; False when it is done already (refused, cancelled, empty)."""
@@ -273,8 +282,9 @@ class BatchQueue:
         with self._cond:
             if self._waiting >= self._expected_load(now):
                 return 0.0  # no more are expected
-        deadline = max(self._free_since, head.arrived) + self.max_wait
-        return deadline - now
+            since = max(self._free_since, head.arrived)
+            quiet = max(self._free_since, self._last_arrival) + self.wait_gap
+        return min(since + self.max_wait, quiet) - now
 
     def _take(self, jobs: deque[Job]) -> list[tuple[Job, int]]:
         """The next batch: the oldest job's kind, round-robin over its jobs, within the

@@ -54,7 +54,8 @@ class ServeConfig(SearchConfig):
     # batching across requests
     max_tokens: int = 0  # padded source tokens per decoding batch (0 = no limit)
     max_sentences: int = 64  # sentences per decoding batch
-    max_wait_ms: float = 20.0  # longest a free worker waits for more sentences to batch
+    max_wait_ms: float = 100.0  # longest a free worker waits for more sentences to batch
+    wait_gap_ms: float = 10.0  # ... and it stops waiting after a pause this long
     max_queue: int = 4096  # sentences waiting per model; beyond, requests get 503
     # limits per request
     max_request_chars: int = 10000  # characters of text in one request
@@ -88,6 +89,7 @@ class ServeConfig(SearchConfig):
         check_batching(self.max_tokens, self.max_sentences, self.overlong)
         for key, fix in (
             ("max_wait_ms", "use 0 to decode as soon as the worker is free"),
+            ("wait_gap_ms", "use 0 to decode as soon as the worker is free"),
             ("request_timeout", "e.g. 60 seconds"),
             ("shutdown_timeout", "e.g. 30 seconds"),
         ):

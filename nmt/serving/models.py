@@ -106,6 +106,7 @@ class ModelRegistry:
                 max_sentences=cfg.max_sentences,
                 max_tokens=cfg.max_tokens,
                 max_wait=cfg.max_wait_ms / 1000,
+                wait_gap=cfg.wait_gap_ms / 1000,
                 max_queue=cfg.max_queue,
                 device=translator.device,
             )
