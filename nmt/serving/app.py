@@ -90,7 +90,8 @@ def create_app(
         else:
             ready(models)
         yield
-        # uvicorn has let the requests in flight finish; the queues are empty by now.
+        # uvicorn has let the requests in flight finish (up to shutdown_timeout); what is
+        # still queued then is decoded before the workers stop.
         if models is None and service.models is not None:
             service.models.close(cfg.shutdown_timeout)
 

@@ -122,9 +122,9 @@ class BatchQueue:
     ):
         """`max_sentences`/`max_tokens` (padded source tokens, 0 = no limit) bound a batch
         as the Translator's own batching does, so a batch is one decoder call; `max_wait`
-        and `wait_gap` in seconds; `on_batch(sentences, seconds)` is told of every batch decoded (empty
-        lines, which need no decoding, not counted). `device`: the model's, made the
-        worker thread's current CUDA device (a per-thread setting)."""
+        and `wait_gap` in seconds; `on_batch(sentences, seconds)` is told of every batch
+        decoded (empty lines, which need no decoding, not counted). `device`: the model's,
+        made the worker thread's current CUDA device (a per-thread setting)."""
         self.name = name
         self.max_sentences, self.max_tokens = max_sentences, max_tokens
         self.max_wait, self.wait_gap, self.max_queue = max_wait, wait_gap, max_queue
@@ -187,6 +187,8 @@ class BatchQueue:
                 self._sleep(wait)
                 continue
             jobs = self._add(jobs, self._collect(block=False) or [])  # those that just came
+            if not jobs:
+                continue
             batch = self._take(jobs)
             with self._cond:
                 self._waiting -= len(batch)
