@@ -175,7 +175,7 @@ def test_bad_input_is_refused_and_stalls_nobody(server, lines, offline):
 def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, lines):
     """Long requests are in flight when SIGTERM comes: each is answered in full, new
     connections are refused meanwhile, and the process exits 0."""
-    slow = ServeProcess(checkpoint, "max_len_a=0", "max_len_b=60", "max_sentences=4")
+    slow = ServeProcess(checkpoint, "max_len_a=0", "max_len_b=100", "max_sentences=4")
     want = httpx.post(f"{slow.url}/translate", json={"q": lines[:12], **PAIR}, timeout=120).json()[
         "translatedText"
     ]
@@ -186,12 +186,12 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, lines):
             httpx.post(f"{slow.url}/translate", json={"q": lines[:12], **PAIR}, timeout=120)
         )
 
-    threads = [threading.Thread(target=one_request) for _ in range(6)]
+    threads = [threading.Thread(target=one_request) for _ in range(8)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # all six in flight (and this /metrics request)
-        if "nmt_serve_in_flight 7.0" in httpx.get(f"{slow.url}/metrics").text:
+    while time.monotonic() < deadline:  # all eight in flight (and this /metrics request)
+        if "nmt_serve_in_flight 9.0" in httpx.get(f"{slow.url}/metrics").text:
             break
         time.sleep(0.01)
     else:
@@ -206,7 +206,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, lines):
         t.join(120)
     assert slow.proc.wait(120) == 0, slow.output()
     assert still_working, "the requests finished before the signal; make them longer"
-    assert len(answers) == 6
+    assert len(answers) == 8
     assert all(a.status_code == 200 and a.json()["translatedText"] == want for a in answers)
     assert "SIGTERM: finishing the requests in flight" in slow.output()
 
