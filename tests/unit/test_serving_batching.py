@@ -225,3 +225,23 @@ def test_finish_runs_on_the_worker_and_answers(translator, texts, queue_factory)
     assert seen == ["nmt-serve-test"]
     empty = queue.submit(_job(translator, [], finish=finish))
     assert empty.result(timeout=60) == 0
+
+
+def test_clients_that_send_again_fill_batches(translator, texts, queue_factory):
+    """8 closed-loop clients (each sends its next sentence when answered): once the
+    worker has seen them all in the server together, it waits for all 8 each time."""
+    queue = queue_factory(max_sentences=64, max_wait=5.0, wait_gap=1.0)
+    start = threading.Barrier(8)
+
+    def client(k: int) -> None:
+        start.wait()
+        for i in range(4):
+            queue.submit(_job(translator, [texts[(k + i) % len(texts)] or "one"])).result(120)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert sum(queue.batches) == 32
+    assert queue.batches[-3:] == [8, 8, 8], queue.batches
