@@ -244,4 +244,6 @@ def test_clients_that_send_again_fill_batches(translator, texts, queue_factory):
     for t in threads:
         t.join(300)
     assert sum(queue.batches) == 32
-    assert queue.batches[-3:] == [8, 8, 8], queue.batches
+    # the first batch may hold the first comers only (those clients are then a round
+    # ahead, and the last batch is the others' last round); every batch between is full
+    assert queue.batches.count(8) >= 3 and all(b == 8 for b in queue.batches[1:-1]), queue.batches
