@@ -4,6 +4,13 @@ Single process is the default: without torchrun's RANK/WORLD_SIZE variables ever
 here is a no-op on one rank. Under torchrun, the process group uses NCCL on CUDA and gloo
 on CPU, with a timeout, so that a rank whose peer died fails with a clear NmtError instead
 of waiting forever.
+
+Decisions all ranks must take together at every update (skip an update that ran out of
+memory on some rank, stop on a signal or at max_time) are agreed on host numbers through
+`all_reduce_host`: over a gloo group of its own when the main group is NCCL, so that the
+agreement never makes the host wait for the GPU (an NCCL collective on a flag, read back
+with .tolist(), drains the GPU's queue of work at every update). Being a host collective it
+also notices a peer that died as soon as the next update starts.
 """
 
 from __future__ import annotations
@@ -58,8 +65,15 @@ def env_from_environ(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(rank=rank, world_size=world, local_rank=local)
 
 
+# The gloo group of all ranks for host-side agreement (all_reduce_host) when the default
+# group is NCCL; None when the default group is gloo itself, or none exists.
+_host_group: Any = None
+
+
 def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> None:
-    """NCCL on CUDA, gloo on CPU; MASTER_ADDR/MASTER_PORT come from torchrun."""
+    """NCCL on CUDA, gloo on CPU; MASTER_ADDR/MASTER_PORT come from torchrun. On CUDA a
+    second, gloo group carries the host-side agreements (see all_reduce_host)."""
+    global _host_group
     if not env.is_distributed or dist.is_initialized():
         return
     for key in ("MASTER_ADDR", "MASTER_PORT"):
@@ -77,11 +91,15 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> 
             timeout=timedelta(seconds=timeout_s),
             **kwargs,
         )
+        if backend == "nccl":
+            _host_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     except Exception as exc:
         raise peer_error(exc, env, "while starting the process group") from exc
 
 
 def destroy_process_group() -> None:
+    global _host_group
+    _host_group = None
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -123,19 +141,24 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    """In place max over ranks; used to agree on stopping (a signal seen by any rank)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t
+def all_reduce_host(values: list[int], op: str = "sum") -> list[int]:
+    """Sum ("sum") or maximum ("max") of a few host integers over ranks (the values
+    themselves on one process). Host-side only: never waits for a GPU."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64)  # CPU: gloo
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+    dist.all_reduce(t, op=reduce_op, group=_host_group)
+    return t.tolist()
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
-    """[obj of rank 0, obj of rank 1, ...] (a one-element list on one process)."""
+    """[obj of rank 0, obj of rank 1, ...] (a one-element list on one process); pickled
+    and exchanged on the host (the gloo group), never through a GPU."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_host_group)
     return out
 
 
