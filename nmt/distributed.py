@@ -97,10 +97,22 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> 
         raise peer_error(exc, env, "while starting the process group") from exc
 
 
-def destroy_process_group() -> None:
+def destroy_process_group(wait_for_peers: bool = True) -> None:
+    """Leave the job (every group); with `wait_for_peers`, only once every rank got here.
+
+    A rank that tears its connections down while a peer is still inside a collective with
+    it makes that peer fail. After a failure (`wait_for_peers=False`) nobody is waited for.
+    """
     global _host_group
-    _host_group = None
-    if dist.is_initialized():
+    if not dist.is_initialized():
+        return
+    try:
+        if wait_for_peers and dist.get_world_size() > 1:
+            dist.barrier(group=_host_group)
+    except Exception:  # nobody left to wait for: the work is done, leave all the same
+        pass
+    finally:
+        _host_group = None
         dist.destroy_process_group()
 
 

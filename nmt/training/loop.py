@@ -64,9 +64,12 @@ class StopSignals:
 
 def run(t: Trainer) -> TrainResult:
     """Train until a stopping rule fires; always leaves a resumable checkpoint_last.pt."""
+    finished = False
     try:
         with StopSignals(t.logger.message) as signals:
-            return _train(t, signals)
+            result = _train(t, signals)
+        finished = True
+        return result
     except Exception as exc:
         if t.env.is_distributed and distributed.is_collective_failure(exc):
             where = f"near update {t.progress.num_updates + 1}"
@@ -74,7 +77,12 @@ def run(t: Trainer) -> TrainResult:
         raise
     finally:
         t.logger.close()
-        distributed.destroy_process_group()
+        # DDP's reducer holds the process group: release it first, so that nothing of the
+        # group outlives destroy_process_group (to be torn down at interpreter exit, while
+        # the peers' connections close). After a clean end, wait for every rank before
+        # leaving the job; after a failure, for nobody (a peer may be gone).
+        t.ddp = None
+        distributed.destroy_process_group(wait_for_peers=finished)
 
 
 def prepare_run_dir(t: Trainer) -> None:
