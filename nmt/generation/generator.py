@@ -13,8 +13,8 @@ sentences leave the batch, so the remaining steps cost less.
 Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
 
 On a GPU the host reads the device once per batch before decoding (the length limits and
-whether sources are padded) and once per step (how many hypotheses finished, how many
-sentences are done, the shortest remaining limit), in one small transfer each: every
+whether sources are padded) and once per step (how many sentences are done, the shortest
+remaining limit, how many hypotheses finished), in one small transfer each: every
 other decision is made with tensors, so the GPU's queue never runs dry waiting for the
 host in between. (A sentence's hypotheses and the rows that stay are found with a
 stable sort, whose output size the host knows, where nonzero() would read the device.)
@@ -265,6 +265,7 @@ class SequenceGenerator:
         attn_layer = self.attn_layer if attn_layer is None else attn_layer
         want_attn = attn_layer is not None
         device = src_tokens.device
+        on_cpu = device.type == "cpu"
         bsz, src_len = src_tokens.shape
         src_lengths = src_tokens.ne(PAD).sum(1)  # [B]
         max_lens = self.max_lengths(src_lengths)  # [B]
@@ -304,18 +305,22 @@ class SequenceGenerator:
             is_eos = cand_tokens.eq(EOS)
             # Only EOS candidates among the top K finish a hypothesis (fairseq).
             finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
-            accepted, slots, counts = finished.slots(sent, finishing)  # [N,K], [N,K], [N]
+            if on_cpu and not bool(finishing.any()):  # most steps; reading is free on a CPU
+                accepted, counts = None, finished.count[sent]
+            else:
+                accepted, slots, counts = finished.slots(sent, finishing)  # [N,K], [N,K], [N]
             done = counts.ge(k) | max_lens.le(step)  # [N]
-            limit_left = max_lens.masked_fill(done, self.max_positions).min()  # of the others
-            # The step's one read: what the host needs to steer the batch.
-            n_accepted, n_done, min_left = torch.stack(
-                [accepted.sum(), done.sum(), limit_left]
-            ).tolist()
-            if n_accepted:
+            reads = [done.sum(), max_lens.masked_fill(done, self.max_positions).min()]
+            if accepted is not None:
+                reads.append(accepted.sum())
+            # The step's one read: sentences done, the others' shortest limit, hypotheses
+            # finishing; what the host needs to steer the batch.
+            n_done, min_left, *n_accepted = torch.stack(reads).tolist()
+            if accepted is not None and n_accepted[0]:
                 finished.add(
                     step,
                     sent,
-                    (accepted, slots, n_accepted),
+                    (accepted, slots, n_accepted[0]),
                     (cand_lp, cand_scores, cand_origins),
                     (tokens, pos_scores, attn_hist),
                     step_attn,

@@ -146,7 +146,7 @@ def _decode_on_meta(monkeypatch, search: SearchConfig, longest: int, prefix: boo
             answer.started = True  # the batch's read: longest, shortest limit, shortest source
             return [longest, longest, 5]
         step = next(step_reads)
-        return [0, 1 if step == 2 else 0, longest]  # accepted, done, shortest limit left
+        return [1 if step == 2 else 0, longest, 0]  # done, shortest limit left, finishing
 
     src = torch.full((3, 6), 7, dtype=torch.long, device=META)
     prefix_tokens = torch.full((3, 2), 9, dtype=torch.long, device=META) if prefix else None
