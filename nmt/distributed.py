@@ -69,10 +69,17 @@ def env_from_environ(environ: Mapping[str, str] | None = None) -> DistEnv:
 # group is NCCL; None when the default group is gloo itself, or none exists.
 _host_group: Any = None
 
+# NCCL's watchdog aborts a process whose collective outlasts the group's timeout (SIGABRT
+# and torch's own log). The host group times out first, so that a rank waiting for a hung
+# peer at its host agreement reports nmt's one-line error instead; the watchdog remains
+# the backstop for a rank stuck inside a CUDA operation.
+NCCL_TIMEOUT_MARGIN_S = 60.0
+
 
 def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> None:
     """NCCL on CUDA, gloo on CPU; MASTER_ADDR/MASTER_PORT come from torchrun. On CUDA a
-    second, gloo group carries the host-side agreements (see all_reduce_host)."""
+    second, gloo group carries the host-side agreements (see all_reduce_host), with the
+    timeout `timeout_s`; NCCL's is NCCL_TIMEOUT_MARGIN_S longer."""
     global _host_group
     if not env.is_distributed or dist.is_initialized():
         return
@@ -81,14 +88,16 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> 
             raise NmtError(f"environment {key}: not set; start distributed runs with torchrun")
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
+    group_timeout = timeout_s
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds NCCL to this rank's GPU up front
+        group_timeout += NCCL_TIMEOUT_MARGIN_S
     try:
         dist.init_process_group(
             backend,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=group_timeout),
             **kwargs,
         )
         if backend == "nccl":

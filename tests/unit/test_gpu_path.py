@@ -318,3 +318,35 @@ def test_the_padding_hint_changes_no_output(padded):
     assert torch.equal(got, want)
     assert enc.padded is padded and torch.allclose(cached_logits[:, 0], want[:, 0], atol=1e-5)
     assert not src.eq(PAD).any()
+
+
+# ------------------------------------------------------------------- process groups
+
+
+def test_under_nccl_the_host_agreements_have_a_gloo_group_that_times_out_first(monkeypatch):
+    """The per-update agreements never go through NCCL (no GPU wait), and a hung peer
+    is reported by them (one line) before NCCL's watchdog would abort the process."""
+    from datetime import timedelta
+
+    from nmt import distributed
+
+    groups = []
+    dist = torch.distributed
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **kw: groups.append((backend, kw["timeout"]))
+    )
+    monkeypatch.setattr(
+        dist, "new_group", lambda backend, timeout: groups.append((backend, timeout)) or "host"
+    )
+    monkeypatch.setattr(distributed, "_host_group", None)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    distributed.init_process_group(DistEnv(0, 2, 0), torch.device("cuda", 0), 30.0)
+    margin = distributed.NCCL_TIMEOUT_MARGIN_S
+    assert groups == [("nccl", timedelta(seconds=30 + margin)), ("gloo", timedelta(seconds=30))]
+    assert distributed._host_group == "host"
+    groups.clear()
+    monkeypatch.setattr(distributed, "_host_group", None)
+    distributed.init_process_group(DistEnv(0, 2, 0), torch.device("cpu"), 30.0)
+    assert groups == [("gloo", timedelta(seconds=30))]  # gloo is the host group itself
+    assert distributed._host_group is None
