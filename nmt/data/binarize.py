@@ -84,12 +84,49 @@ class TokenArray:
             self._sizes = np.diff(np.asarray(self._idx))
         return self._sizes
 
+    def lengths(self, limit: int | None = None) -> np.ndarray:
+        """Lengths of the first `limit` sentences (None: all) in the smallest unsigned dtype
+        that holds them (uint8 for text cleaned to 250 pieces): 1-2 bytes a sentence instead
+        of `sizes`' 8. The index is read in chunks, not through the memory map, so a big
+        split costs no resident memory beyond the result."""
+        return read_lengths(self.prefix + ".idx", len(self) if limit is None else limit)
+
     # DataLoader workers get the path and map the files again, instead of a copy of the data
     def __getstate__(self) -> dict:
         return {"prefix": self.prefix}
 
     def __setstate__(self, state: dict) -> None:
         TokenArray.__init__(self, state["prefix"])
+
+
+_LENGTH_CHUNK = 1 << 20  # offsets read at a time by read_lengths
+
+
+def _offset_chunks(idx_path: str, n: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first sentence, its lengths as int64) for chunks of the first n sentences."""
+    with open(idx_path, "rb") as f:
+        for start in range(0, n, _LENGTH_CHUNK):
+            count = min(_LENGTH_CHUNK, n - start)
+            f.seek(8 * start)
+            offsets = np.fromfile(f, dtype=np.int64, count=count + 1)
+            if len(offsets) != count + 1:
+                raise NmtError(
+                    f"{idx_path}: truncated index; rebuild the data dir with nmt-preprocess"
+                )
+            yield start, np.diff(offsets)
+
+
+def read_lengths(idx_path: str | os.PathLike, n: int) -> np.ndarray:
+    """Lengths of the first n sentences of an .idx file, in the smallest unsigned dtype."""
+    idx_path = str(idx_path)
+    longest = 0
+    for _, lens in _offset_chunks(idx_path, n):
+        longest = max(longest, int(lens.max(initial=0)))
+    dtype = np.min_scalar_type(longest)  # uint8, uint16, uint32 or uint64
+    out = np.empty(n, dtype=dtype)
+    for start, lens in _offset_chunks(idx_path, n):
+        out[start : start + len(lens)] = lens
+    return out
 
 
 class TokenArrayWriter:
