@@ -34,51 +34,75 @@ import numpy as np
 
 BLOCK = 100_000  # pairs per seeded block
 WORDS = 60_000  # word types per language
-MEAN_WORDS = 22.0  # average sentence length in words (WMT news is 20-25)
+MEAN_WORDS = 21.0  # average sentence length in words (WMT news is 20-25)
 
-# (onsets, nuclei, codas) per language: enough to make words that subword models split the
-# way they split real words (shared stems, frequent affixes), cheap to generate.
-_SYLLABLES = {
-    "en": (
-        "b c d f g h k l m n p r s t v w y  bl br ch cr dr fl fr gr pl pr sh st th tr wh",
-        "a e i o u a e i o u ai ea ee oo ou y",
-        "       n r s t d l m ng nd st ck ll",
-    ),
-    "de": (
-        "b d f g h k l m n p r s t w z  bl br dr fl fr gr kl kr pf sch schw sp st tr zw",
-        "a e i o u a e i o u ä ö ü au ei eu ie",
-        "       n r s t ch ck l m ng nd st tz ß ll nn",
-    ),
+# Per language: syllable parts (onsets, nuclei, codas) for stems, and affixes. Words are
+# stems with affixes (German also compounds), so that a subword model splits them the way
+# it splits real words: frequent words whole, rare ones into a stem and an ending.
+_LANGUAGES = {
+    "en": {
+        "onsets": "b c d f g h k l m n p r s t v w y bl br ch cl cr dr fl fr gr pl pr sh st th tr",
+        "nuclei": "a e i o u a e i o u ai ea ee oo ou",
+        "codas": "- - - n r s t d l m ng nd st ck ll",
+        "prefixes": "- - - - - - - - un re in dis pre",
+        "suffixes": "- - - - - - - - - s s ed ing er ly ion ness ment able ful ity",
+    },
+    "de": {
+        "onsets": "b d f g h k l m n p r s t w z bl br dr fl fr gr kl kr pf sch schw sp st tr zw",
+        "nuclei": "a e i o u a e i o u ä ö ü au ei eu ie",
+        "codas": "- - - n r s t ch ck l m ng nd st tz ß ll nn",
+        "prefixes": "- - - - - - - - un ver be ge ent",
+        "suffixes": "- - - - - - - e en en er es te ung lich heit keit isch bar st",
+    },
 }
 
 
-def _default_syllables(lang: str) -> tuple[str, str, str]:
-    """Other languages borrow English's sounds (their words still differ: another seed)."""
-    return _SYLLABLES.get(lang, _SYLLABLES["en"])
+def _parts(lang: str) -> dict[str, list[str]]:
+    """The language's parts ("-" is the empty string); others borrow English's sounds (their
+    words still differ: another seed)."""
+    table = _LANGUAGES.get(lang, _LANGUAGES["en"])
+    return {key: [p.replace("-", "") for p in value.split()] for key, value in table.items()}
 
 
 def make_lexicon(lang: str, seed: int, words: int = WORDS) -> list[str]:
-    """`words` distinct pseudo-words, most frequent first: the 100 most frequent have one
-    syllable, the next few thousand one or two, the rest two to four (as in real text,
-    frequent words are short)."""
-    onsets, nuclei, codas = (part.split(" ") for part in _default_syllables(lang))
+    """`words` distinct words, most frequent first: function words of one syllable, then
+    words made of a stem (one or two syllables, frequent stems first) with an optional
+    prefix and ending; German joins two stems into a compound now and then."""
+    parts = _parts(lang)
     rng = np.random.default_rng([seed, sum(map(ord, lang)), 7])
+
+    def syllables(n: int) -> list[str]:
+        picks = [rng.integers(0, len(parts[k]), n) for k in ("onsets", "nuclei", "codas")]
+        return [
+            parts["onsets"][a] + parts["nuclei"][b] + parts["codas"][c] for a, b, c in zip(*picks)
+        ]
+
     out: list[str] = []
     seen: set[str] = set()
+    for word in syllables(1000):  # function words
+        if word and word not in seen and len(out) < 300:
+            seen.add(word)
+            out.append(word)
+    stem_pool = syllables(12000)
+    stems = list(
+        dict.fromkeys(
+            a + b if k % 4 == 3 else a
+            for k, (a, b) in enumerate(zip(stem_pool[::2], stem_pool[1::2]))
+        )
+    )
+    stem_cdf = _zipf_cdf(len(stems), exponent=0.9, offset=10.0)
     while len(out) < words:
-        batch = 2 * (words - len(out)) + 100
-        rank = len(out) + np.arange(batch)
-        low = np.where(rank < 100, 1, np.where(rank < 3000, 1, 2))
-        high = np.where(rank < 100, 1, np.where(rank < 3000, 2, 4))
-        count = rng.integers(low, high + 1)
-        parts = [
-            rng.integers(0, len(table), size=(batch, 4)) for table in (onsets, nuclei, codas)
-        ]
-        for i in range(batch):
-            word = "".join(
-                onsets[parts[0][i, k]] + nuclei[parts[1][i, k]] + codas[parts[2][i, k]]
-                for k in range(count[i])
-            )
+        n = 4096
+        stem = np.searchsorted(stem_cdf, rng.random(n))
+        other = np.searchsorted(stem_cdf, rng.random(n))
+        prefix = rng.integers(0, len(parts["prefixes"]), n)
+        suffix = rng.integers(0, len(parts["suffixes"]), n)
+        compound = rng.random(n) < (0.25 if lang == "de" else 0.0)
+        for i in range(n):
+            word = parts["prefixes"][prefix[i]] + stems[stem[i]]
+            if compound[i]:
+                word += stems[other[i]]
+            word += parts["suffixes"][suffix[i]]
             if word not in seen:
                 seen.add(word)
                 out.append(word)
