@@ -280,3 +280,48 @@ def _number(value: Any) -> str:
         if isinstance(value, (int, float)) and not isinstance(value, bool)
         else str(value)
     )
+
+
+@dataclass
+class AverageConfig:
+    """nmt-average: the mean of several checkpoints' weights (configs/average.yaml)."""
+
+    inputs: Any = None  # a run dir (with num_last or num_best), or a list of checkpoint files
+    num_last: int = 0  # average the newest K numbered checkpoints of the run dir; 0 = off
+    num_best: int = 0  # average the K best checkpoint.best_*.pt of the run dir; 0 = off
+    output: Optional[str] = None  # null: <run dir>/checkpoint_avg_{last,best}<K>.pt, or
+    #                               checkpoint_avg.pt beside the first of the listed files
+    debug: bool = False  # full tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first key that cannot work."""
+        paths = self.input_paths()
+        if not paths or not all(paths):
+            raise NmtError(
+                f"{setting('inputs', self.inputs)}: no checkpoints to average; give a run dir "
+                "(inputs=runs/demo num_last=5) or checkpoint files (inputs=[a.pt,b.pt])"
+            )
+        for key in ("num_last", "num_best"):
+            _at_least(key, getattr(self, key), 0, "use 0 for off")
+        if self.num_last and self.num_best:
+            raise NmtError(
+                f"num_last={self.num_last}, num_best={self.num_best}: both set; choose the "
+                "newest (num_last) or the best (num_best) checkpoints"
+            )
+        if (self.num_last or self.num_best) and len(paths) != 1:
+            key = "num_last" if self.num_last else "num_best"
+            raise NmtError(
+                f"{setting(key, getattr(self, key))}: picks checkpoints of one run dir, but "
+                f"inputs lists {len(paths)} paths; give inputs=<run dir>, or drop {key} to "
+                "average the listed files"
+            )
+        if self.output == "":
+            raise NmtError("output='': empty; name the output file, or leave it null")
+
+    def input_paths(self) -> list[str]:
+        """`inputs` as a list of paths (one string is a list of one)."""
+        if self.inputs is None:
+            return []
+        if isinstance(self.inputs, (str, int, float)):
+            return [str(self.inputs)]
+        return [str(p) for p in self.inputs]

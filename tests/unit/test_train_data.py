@@ -16,7 +16,7 @@ from helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data import build_data_dir
-from nmt.data.meta import DataMeta, SplitInfo, load_meta, write_meta
+from nmt.data.meta import SplitInfo, load_meta, write_meta
 from nmt.errors import NmtError
 from nmt.training.data import load_train_data
 
