@@ -11,6 +11,8 @@ subprocess:
     default sample of spm.input_sentence_size sentences): wall time, pairs/s, CPU time and
     peak RSS of the main process and of its largest child (encoding workers, the
     SentencePiece trainer);
+  - the corpus-dependent part of nmt-train's start-up alone (nmt.training.data: open the
+    data dir, build epoch 1's batches; no torch): wall time and peak RSS;
   - nmt-train on the data dir (model=transformer_base, CPU, one update): wall time from
     the command's start to its first update starting and ending, and peak RSS;
   - with --fairseq-preprocess: fairseq-preprocess on the smallest corpus, encoded to
@@ -143,6 +145,34 @@ def train_startup(data: Path, args: argparse.Namespace, pairs: int) -> dict[str,
     return result
 
 
+# Opens a data dir as nmt-train does and builds epoch 1's batches, without torch: the part
+# of the start-up that depends on the corpus (the rest, importing torch and building the
+# model, does not).
+_DATA_RUNNER = """
+import json, resource, sys, time
+started = time.perf_counter()
+from nmt.training.config import TrainConfig
+from nmt.training.data import load_train_data
+imported = time.perf_counter()
+data = load_train_data(TrainConfig(data=sys.argv[1], valid_split=""))
+batches = data.epoch_batches(1)
+done = time.perf_counter()
+print(json.dumps({"import_s": imported - started, "data_s": done - imported,
+                  "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "batches": len(batches), "pairs": batches.pairs()}))
+"""
+
+
+def train_data_startup(data: Path) -> dict[str, Any]:
+    """The corpus-dependent part of nmt-train's start-up: time and peak RSS."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _DATA_RUNNER, str(data)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"scale: opening {data} failed: {proc.stderr.strip()[-300:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def fairseq_preprocess(
     folder: Path, data: Path, executable: str, args: argparse.Namespace, pairs: int
 ) -> dict[str, Any]:
@@ -214,6 +244,12 @@ def table(figures: dict[str, Any]) -> str:
             f"| {size['pairs']:,} | nmt-preprocess | {p['wall_s']:.1f} | {p['pairs_per_s']:,.0f} "
             f"| {p['cpu_s']:.0f} | {p['rss_gib']:.2f} | {p['child_rss_gib']:.2f} |"
         )
+        d = size.get("train_data")
+        if d:
+            rows.append(
+                f"| {size['pairs']:,} | training data: open + epoch 1 batches | "
+                f"{d['data_s']:.1f} | | | {d['rss_gib']:.3f} | |"
+            )
         t = size.get("train")
         if t:
             rows.append(
@@ -267,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         size: dict[str, Any] = {"pairs": pairs, "preprocess": preprocess(folder, data, args, pairs)}
         print(f"scale: preprocess {pairs:,}: {json.dumps(size['preprocess'])}", flush=True)
         if not args.no_train:
+            size["train_data"] = train_data_startup(data)
+            print(f"scale: train data {pairs:,}: {json.dumps(size['train_data'])}", flush=True)
             size["train"] = train_startup(data, args, pairs)
             print(f"scale: train {pairs:,}: {json.dumps(size['train'])}", flush=True)
         if args.fairseq_preprocess and pairs == min(args.sizes):

@@ -9,7 +9,7 @@ The cost of a batch is `sentences x longest side` (padding included), as in fair
 Memory: an epoch's batch list is a `BatchList` (the length-sorted indices and the batch
 bounds as numpy arrays), built in chunks, so a corpus of 10M pairs costs about 10 bytes a
 pair while the list is built and 6 once it is (compact sizes plus int32 indices), and no
-Python object per pair or per batch.
+Python object per pair or per batch; nor a loop over pairs in Python.
 """
 
 from __future__ import annotations
@@ -95,19 +95,29 @@ def pack(
 
 def _pack_bounds(lens: np.ndarray, max_tokens: int, max_sentences: int) -> np.ndarray:
     """`pack`'s greedy cuts for lengths that never decrease, as batch bounds (int64, 0 ...
-    len(lens)): batch k is positions bounds[k]:bounds[k+1].
+    len(lens)): batch k is positions bounds[k]:bounds[k+1]."""
+    changes = np.flatnonzero(lens[1:] != lens[:-1]) + 1
+    starts = np.concatenate([[0], changes]).astype(np.int64) if len(lens) else changes
+    sizes = np.diff(np.append(starts, len(lens)))
+    return _pack_runs(lens[starts], sizes, max_tokens, max_sentences)
+
+
+def _pack_runs(
+    values: np.ndarray, sizes: np.ndarray, max_tokens: int, max_sentences: int
+) -> np.ndarray:
+    """Greedy cuts of a length-sorted order given as runs: `sizes[k]` pairs of length
+    `values[k]`, the values increasing. Returns the batch bounds (int64, 0 ... n).
 
     With lengths that never decrease, the pair being added is always the batch's longest,
     so a batch may hold at most `cap(L) = min(max_tokens // L, max_sentences)` pairs once it
     reaches length L. The loop runs over runs of equal length (a few hundred), not pairs.
     """
-    n = len(lens)
-    changes = (np.flatnonzero(lens[1:] != lens[:-1]) + 1).tolist()
-    run_starts, run_ends = [0, *changes], [*changes, n]
+    n = int(np.sum(sizes))
     cuts: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
     open_start = 0  # where the batch being filled starts
-    for run_start, run_end in zip(run_starts, run_ends):
-        length = int(lens[run_start])
+    run_start = 0
+    for length, size in zip(values.tolist(), sizes.tolist()):
+        run_end = run_start + size
         cap = max_tokens // length if length else n  # empty rows cost nothing
         if max_sentences:
             cap = min(cap, max_sentences)
@@ -116,6 +126,7 @@ def _pack_bounds(lens: np.ndarray, max_tokens: int, max_sentences: int) -> np.nd
                 open_start = run_start
                 cuts.append(np.array([run_start], dtype=np.int64))
             elif open_start + cap >= run_end:  # the whole run fits into the open batch
+                run_start = run_end
                 continue
             else:
                 open_start += cap
@@ -125,6 +136,7 @@ def _pack_bounds(lens: np.ndarray, max_tokens: int, max_sentences: int) -> np.nd
         if len(full):
             cuts.append(full)
             open_start = int(full[-1])
+        run_start = run_end
     cuts.append(np.array([n], dtype=np.int64))
     bounds = np.concatenate(cuts)
     return bounds if n else bounds[:1]
@@ -143,21 +155,35 @@ def length_sorted(
 ) -> np.ndarray:
     """`indices` (None: every pair) sorted by longer side, then target, then source length.
 
-    With `rng`, ties are broken randomly (the buckets change composition every epoch): the
-    indices are first shuffled with `rng`, then sorted stably. The result equals
-    `indices[rng.permutation(n)][np.lexsort((src, tgt, max(src, tgt)))]`, computed in
-    chunks with a counting sort, so memory stays at the index arrays themselves (no int64
-    temporaries the size of the corpus).
+    Without `rng` the sort is stable (ties keep the order of `indices`). With `rng`, the
+    pairs of each (longer, target, source) length are shuffled among themselves, so the
+    buckets change composition every epoch. A counting sort in chunks: memory stays at
+    the index arrays themselves (int32 for up to 2^31 pairs), no corpus-sized int64
+    temporaries, and no shuffle of the whole corpus (whose random memory accesses took
+    seconds on 10M pairs): each run of equal lengths is shuffled where it lies.
     """
+    return _length_sorted_runs(indices, src_sizes, tgt_sizes, rng)[0]
+
+
+def _length_sorted_runs(
+    indices: np.ndarray | None,
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    rng: np.random.Generator | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`length_sorted`'s order, and its runs of equal longer side: (order, lengths, sizes)."""
     n = len(src_sizes) if indices is None else len(indices)
+    items = np.arange(n, dtype=index_dtype(n)) if indices is None else indices
+    order, key_sizes, lengths, sizes = _stable_sort_by_length(
+        items, src_sizes, tgt_sizes, every_pair=indices is None
+    )
     if rng is not None:
-        perm = np.arange(n, dtype=index_dtype(n))
-        rng.shuffle(perm)  # the same draws, and so the same order, as rng.permutation(n)
-        shuffled = perm if indices is None else indices[perm]
-        del perm
-    else:
-        shuffled = np.arange(n, dtype=index_dtype(n)) if indices is None else indices
-    return _stable_sort_by_length(shuffled, src_sizes, tgt_sizes, every_pair=indices is None)
+        ends = np.cumsum(key_sizes)
+        for start, end in zip(
+            (ends - key_sizes)[key_sizes > 1].tolist(), ends[key_sizes > 1].tolist()
+        ):
+            rng.shuffle(order[start:end])
+    return order, lengths, sizes
 
 
 _CHUNK = 1 << 18  # pairs handled at a time by the counting sort
@@ -166,15 +192,25 @@ _MAX_TABLE = 1 << 22  # (longest length + 1)^2 above this: fall back to np.lexso
 
 def _stable_sort_by_length(
     items: np.ndarray, src_sizes: np.ndarray, tgt_sizes: np.ndarray, *, every_pair: bool
-) -> np.ndarray:
-    """`items` (pair indices) stably sorted by (max(src, tgt), tgt, src) of each pair;
-    `every_pair`: items is a permutation of all pairs (their key counts are read in order)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`items` (pair indices) stably sorted by (max(src, tgt), tgt, src) of each pair.
+
+    Returns (order, pairs per key in key order, the distinct max(src, tgt), pairs per max).
+    `every_pair`: items is a permutation of all pairs (their key counts are read in order).
+    """
+    empty = np.zeros(0, dtype=np.int64)
     if len(items) == 0:
-        return items.copy()
+        return items.copy(), empty, empty, empty
     width = int(max(src_sizes.max(initial=0), tgt_sizes.max(initial=0))) + 1
     if width * width > _MAX_TABLE:
         src, tgt = src_sizes[items].astype(np.int64), tgt_sizes[items].astype(np.int64)
-        return items[np.lexsort((src, tgt, np.maximum(src, tgt)))]
+        longest = np.maximum(src, tgt)
+        order = np.lexsort((src, tgt, longest))
+        _, key_sizes = np.unique(
+            np.stack([longest, tgt, src])[:, order], axis=1, return_counts=True
+        )
+        values, sizes = np.unique(longest, return_counts=True)
+        return items[order], key_sizes, values, sizes
     # rank[t * width + s]: the place of key (max(s, t), t, s) among all possible keys
     keys = width * width
     t_grid, s_grid = np.divmod(np.arange(keys, dtype=np.int64), width)
@@ -182,6 +218,7 @@ def _stable_sort_by_length(
     rank = np.empty(keys, dtype=rank_dtype)
     order_of_keys = np.argsort((np.maximum(s_grid, t_grid) * width + t_grid) * width + s_grid)
     rank[order_of_keys] = np.arange(keys, dtype=rank_dtype)
+    longest_of_rank = np.maximum(s_grid, t_grid)[order_of_keys]  # non-decreasing
     del t_grid, s_grid, order_of_keys
 
     def ranks(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
@@ -211,7 +248,11 @@ def _stable_sort_by_length(
         place = np.arange(len(chunk)) - np.repeat(run_starts, run_lengths)  # rank within key
         out[next_free[sorted_r] + place] = chunk[within]
         next_free[sorted_r[run_starts]] += run_lengths
-    return out
+    # pairs per longer side: the keys of one length are consecutive ranks
+    values, first = np.unique(longest_of_rank, return_index=True)
+    sizes = np.add.reduceat(counts, first)
+    present = sizes > 0
+    return out, counts[counts > 0], values[present], sizes[present]
 
 
 class BatchList(Sequence[np.ndarray]):
@@ -256,15 +297,6 @@ class BatchList(Sequence[np.ndarray]):
         return len(self.order)
 
 
-def _longest(src_sizes: np.ndarray, tgt_sizes: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """max(src, tgt) of the pairs in `order`, in that order (a compact dtype, chunked)."""
-    out = np.empty(len(order), dtype=np.result_type(src_sizes, tgt_sizes))
-    for start in range(0, len(order), _CHUNK):
-        chunk = order[start : start + _CHUNK]
-        np.maximum(src_sizes[chunk], tgt_sizes[chunk], out=out[start : start + _CHUNK])
-    return out
-
-
 def epoch_batches(
     indices: np.ndarray | None,
     src_sizes: np.ndarray,
@@ -277,12 +309,13 @@ def epoch_batches(
 ) -> BatchList:
     """The training batch list of `epoch`: a pure function of (sizes, seed, epoch).
 
-    `indices`: the pairs to use (None: all). Pairs are shuffled, sorted by length (so ties
-    land in a new random order every epoch), packed greedily, and the batches shuffled.
+    `indices`: the pairs to use (None: all). Pairs are sorted by length, those of equal
+    lengths shuffled among themselves (so the buckets change every epoch), packed greedily,
+    and the batches shuffled.
     """
     rng = np.random.default_rng([seed, epoch])
-    order = length_sorted(indices, src_sizes, tgt_sizes, rng)
-    bounds = _pack_bounds(_longest(src_sizes, tgt_sizes, order), max_tokens, max_sentences)
+    order, lengths, sizes = _length_sorted_runs(indices, src_sizes, tgt_sizes, rng)
+    bounds = _pack_runs(lengths, sizes, max_tokens, max_sentences)
     return BatchList(order, bounds, rng.permutation(len(bounds) - 1))
 
 
@@ -295,10 +328,8 @@ def fixed_batches(
     max_sentences: int = 0,
 ) -> BatchList:
     """Validation batches: length-sorted, no shuffling."""
-    order = length_sorted(indices, src_sizes, tgt_sizes)
-    return BatchList(
-        order, _pack_bounds(_longest(src_sizes, tgt_sizes, order), max_tokens, max_sentences)
-    )
+    order, lengths, sizes = _length_sorted_runs(indices, src_sizes, tgt_sizes, None)
+    return BatchList(order, _pack_runs(lengths, sizes, max_tokens, max_sentences))
 
 
 def rank_share(group: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray | None]:
