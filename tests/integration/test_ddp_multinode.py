@@ -119,3 +119,55 @@ def test_two_nodes_equal_one_node_with_two_processes(demo_data_dir: Path, tmp_pa
     valid = [[e for e in events[run] if e["type"] == "valid"][-1] for run in ("one", "two")]
     assert valid[0]["loss"] == pytest.approx(valid[1]["loss"], abs=1e-6)
     assert valid[0]["ntokens"] == valid[1]["ntokens"] > 0
+
+
+def test_a_rank_that_does_not_see_the_checkpoint_stops_the_run(
+    demo_data_dir: Path, tmp_path: Path
+) -> None:
+    """save_dir not shared: rank 0 would resume while rank 1 starts afresh; both refuse."""
+    (tmp_path / "run0").mkdir()
+    (tmp_path / "run0" / "checkpoint_last.pt").write_bytes(b"rank 0's checkpoint")
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        import os
+        from nmt.cli import main
+        main("train", ["data={demo_data_dir}", "save_dir={tmp_path}/run" + os.environ["RANK"],
+                       "train_split=valid", "valid_split=''", "max_update=2", "threads=1",
+                       "device=cpu", "ddp_timeout=60", "tensorboard=false", "progress_bar=false",
+                       "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
+                       "model.decoder_layers=1", "model.attention_heads=2"])
+    """)
+    )
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **_env(),
+                "RANK": str(r),
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            },
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for r, (proc, (_, err)) in enumerate(zip(procs, outs)):
+        assert proc.returncode == 2, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(
+            f"nmt-train: error: {tmp_path}/run{r}/checkpoint_last.pt: ranks [0] see it, ranks [1] "
+            "do not"
+        ), last
+        assert "put save_dir on storage every machine shares" in last
+    assert (tmp_path / "run0" / "checkpoint_last.pt").read_bytes() == b"rank 0's checkpoint"
