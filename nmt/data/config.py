@@ -51,8 +51,9 @@ class DataConfig:
     validpref: Optional[str] = "data/demo/valid"  # stored as split "valid"; null: no valid split
     # test prefixes, any number; each is stored under its file name (test_2016_flickr, ...)
     testpref: list[str] = field(default_factory=lambda: ["data/demo/test"])
-    # more training corpora, split name: prefix ({clean: corpus/clean}); cleaned like train,
-    # sampled for SentencePiece with it, mixed in nmt-train by train_split={train:1,clean:2}
+    # more training corpora, split name: prefix (+data.extra_train.clean=corpus/clean); cleaned
+    # like train, sampled for SentencePiece with it, mixed in nmt-train by
+    # train_split={train:1,clean:2}
     extra_train: dict[str, str] = field(default_factory=dict)
     dest: str = "data-bin/demo"  # the data dir to write
 
