@@ -25,7 +25,7 @@ from nmt.data.tokenizer import normalize_text
 from nmt.errors import NmtError
 
 BOM = b"\xef\xbb\xbf"
-_BLOCK = 1 << 24  # bytes read at a time while scanning
+_BLOCK = 1 << 22  # bytes read at a time while scanning (a few of these are the scan's memory)
 
 # Rule names as they appear in meta.json's `removed` counts, in the order they are checked.
 CLEAN_RULES = ("empty", "too_long", "ratio")
@@ -146,7 +146,7 @@ def scan_file(
                 if len(newlines):
                     end = int(newlines[-1]) + 1
                     if check_utf8:
-                        _check_utf8(path, data[:end], lines)
+                        _check_utf8(path, memoryview(data)[:end], lines)
                     if sample is not None:
                         sample.offer(data, newlines, skip_bom if lines == 0 else 0)
                     lines += len(newlines)
@@ -186,12 +186,13 @@ def read_chunks(scan: FileScan) -> Iterator[bytes]:
             yield data
 
 
-def _check_utf8(path: Path, data: bytes, first_line: int) -> None:
+def _check_utf8(path: Path, data: bytes | memoryview, first_line: int) -> None:
     try:
-        data.decode("utf-8")
+        str(data, "utf-8")  # a memoryview decodes without a copy of the bytes
     except UnicodeDecodeError as exc:
-        line = first_line + data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1)
+        raw = bytes(data[: exc.start])
+        line = first_line + raw.count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n") + 1)
         raise NmtError(
             f"{path}:{line}: invalid UTF-8 ({exc.reason} at byte {column + 1} of the "
             "line); fix the file or set on_invalid_utf8=replace or =skip"
