@@ -257,7 +257,11 @@ def _scan_inputs(
         )
         for name, prefix in cfg.data.split_prefixes()
     ]
-    total = sum(p.stat().st_size for _, _, paths in files for p in paths.values() if p.is_file())
+    for _, _, paths in files:  # every file is there before the first is read
+        for path in paths.values():
+            if not path.is_file():
+                raise NmtError(f"{path}: no such file")
+    total = sum(p.stat().st_size for _, _, paths in files for p in paths.values())
     splits = []
     with tqdm(
         total=total,
