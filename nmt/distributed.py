@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -181,6 +182,20 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj, group=_host_group)
     return out
+
+
+def check_shared(path: Path, env: DistEnv) -> None:
+    """Every rank must see `path` the same way (there or not): a rank that does not see the
+    checkpoint the others resume from would start afresh (save_dir not on shared storage)."""
+    seen = all_gather_objects(path.exists())
+    if len(set(seen)) > 1:
+        ranks = [r for r, there in enumerate(seen) if there]
+        missing = [r for r, there in enumerate(seen) if not there]
+        raise NmtError(
+            f"{path}: ranks {ranks} see it, ranks {missing} do not (rank {env.rank} of "
+            f"{env.world_size}); put save_dir on storage every machine shares, at the same "
+            'path (docs/training.md, "Several machines")'
+        )
 
 
 def barrier() -> None:

@@ -56,6 +56,8 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         maximize=maximize,
     )
     progress = Progress()
+    if env.is_distributed:  # every rank resumes, or none: save_dir must be shared
+        distributed.check_shared(checkpoints.last_path, env)
     restored = restore(
         cfg,
         data,
