@@ -11,4 +11,5 @@ PY=${PYTHON:-python3}
 # shellcheck disable=SC2086
 .venv/bin/python -m pip install -q ${NMT_TORCH:-torch==2.13.0}
 .venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -c "import torch; print(f'torch {torch.__version__}; CUDA build: {torch.version.cuda or \"none (CPU only)\"}; GPUs visible: {torch.cuda.device_count()}')"
 echo "nmt is set up in .venv (activate with: source .venv/bin/activate)"
