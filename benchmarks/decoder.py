@@ -1,37 +1,43 @@
-"""Benchmark the incremental decoder, the hot path of beam search.
+"""The incremental decoder, the hot path of beam search.
 
 Times one beam-search-shaped decoder step (batch x beam rows, one new token, a beam
 reorder of the cache) with the KV cache, against re-running the whole prefix without
 one, and reports where the cached step's time goes.
 
-    .venv/bin/python scripts/bench_decoder.py                      # transformer_small, CPU
-    .venv/bin/python scripts/bench_decoder.py --preset base --device cuda --steps 60
-    .venv/bin/python scripts/bench_decoder.py --kernels plain     # the textbook layers
+    .venv/bin/python -m benchmarks.decoder                      # transformer_small, CPU
+    .venv/bin/python -m benchmarks.decoder --preset base --device cuda --steps 60
+    .venv/bin/python -m benchmarks.decoder --kernels plain     # the textbook layers
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
+from typing import Any, cast
 
 import torch
-from omegaconf import OmegaConf
 
+from benchmarks import common
 from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
 from nmt.model.kernels import FastKernels
 from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
 
+NAME = "decoder"
 KERNELS = {"fast": FastKernels, "plain": Kernels}
 
 
 def load_preset(name: str) -> ModelConfig:
-    path = Path(__file__).resolve().parents[1] / "configs" / "model" / f"transformer_{name}.yaml"
-    return OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))
-    )
+    """configs/model/transformer_<name>.yaml as a ModelConfig."""
+    from omegaconf import OmegaConf
+
+    path = common.REPO / "configs" / "model" / f"transformer_{name}.yaml"
+    if not path.is_file():
+        presets = sorted(p.stem.removeprefix("transformer_") for p in path.parent.glob("*.yaml"))
+        raise common.BenchError(f"--preset {name}: no {path.name}; one of {', '.join(presets)}")
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path))
+    return cast(ModelConfig, OmegaConf.to_object(merged))
 
 
 def sync(device: str) -> None:
@@ -39,23 +45,34 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = common.parser(NAME, __doc__)
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--vocab", type=int, default=8000)
-    ap.add_argument("--batch", type=int, default=64, help="sentences")
-    ap.add_argument("--beam", type=int, default=5)
-    ap.add_argument("--src-len", type=int, default=25)
-    ap.add_argument("--steps", type=int, default=30, help="decoder steps (target length)")
+    ap.add_argument("--vocab", type=common.positive_int, default=8000)
+    ap.add_argument("--batch", type=common.positive_int, default=64, help="sentences")
+    ap.add_argument("--beam", type=common.positive_int, default=5)
+    ap.add_argument("--src-len", type=common.positive_int, default=25)
+    ap.add_argument(
+        "--steps", type=common.positive_int, default=30, help="decoder steps (target length)"
+    )
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument(
+        "--threads", type=common.nonnegative_int, default=0, help="torch threads (0: default)"
+    )
     ap.add_argument(
         "--kernels",
         choices=KERNELS,
         default="fast",
         help="the model's kernels: fast (nmt's default) or plain (layers.Kernels)",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.src_len < 2:
+        raise common.BenchError(f"--src-len {args.src_len}: must be 2 or more")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise common.BenchError(f"--device {args.device}: CUDA is not available; use cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = args.device
@@ -136,7 +153,21 @@ def main() -> None:
         f"  of a cached step: output projection {projection / steps * 1e3:.2f} ms, "
         f"cache reorder {profile['reorder'] / steps * 1e3:.2f} ms"
     )
+    return {
+        "device": dev,
+        "kernels": args.kernels,
+        "preset": args.preset,
+        "vocab": args.vocab,
+        "rows": rows,
+        "src_len": args.src_len,
+        "steps": steps,
+        "cached_ms_per_step": cached / steps * 1e3,
+        "uncached_ms_per_step": uncached / steps * 1e3,
+        "cache_speedup": uncached / cached,
+        "output_projection_ms_per_step": projection / steps * 1e3,
+        "cache_reorder_ms_per_step": profile["reorder"] / steps * 1e3,
+    }
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(common.main(NAME, build_parser, run))
