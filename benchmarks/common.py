@@ -331,7 +331,8 @@ def main(
     argv: Sequence[str] | None = None,
 ) -> int:
     """Parse, run, report. `run` prints its figures and returns them for the JSON report;
-    BenchError and nmt's NmtError become `benchmarks.NAME: error: <one line>`, exit 2."""
+    BenchError and nmt's NmtError become `benchmarks.NAME: error: <one line>`, exit 2;
+    Ctrl-C a one-line note, exit 130."""
     from nmt.errors import NmtError
 
     ap = build_parser()
@@ -344,6 +345,9 @@ def main(
         line = " ".join(str(exc).strip().splitlines()[:1]) or type(exc).__name__
         print(f"{ap.prog}: error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{ap.prog}: interrupted; nothing written", file=sys.stderr)
+        return 130
     document = report.document(figures)
     print(f"# {describe_machine(document['machine'])}; {document['date']}", flush=True)
     if args.json is not None:

@@ -2,7 +2,11 @@
 
 Times one beam-search-shaped decoder step (batch x beam rows, one new token, a beam
 reorder of the cache) with the KV cache, against re-running the whole prefix without
-one, and reports where the cached step's time goes.
+one, and reports where the cached step's time goes. `--cache grouped` (the default) is
+the generator's cache: the beams of a sentence form a group whose keys/values stay in
+place at a reorder, the encoder keys/values are kept once per sentence, and the buffers
+are reserved up front and reused from batch to batch; `--cache rows` is the plain cache
+(one row per beam, moved at every reorder).
 
     .venv/bin/python -m benchmarks.decoder                      # transformer_small, CPU
     .venv/bin/python -m benchmarks.decoder --preset base --device cuda --steps 60
@@ -19,6 +23,7 @@ import torch
 
 from benchmarks import common
 from nmt.data.vocab import EOS, PAD
+from nmt.model.cache import CacheMemory
 from nmt.model.config import ModelConfig
 from nmt.model.kernels import FastKernels
 from nmt.model.layers import Kernels
@@ -60,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=common.nonnegative_int, default=0, help="torch threads (0: default)"
     )
     ap.add_argument(
+        "--cache",
+        choices=["grouped", "rows"],
+        default="grouped",
+        help="grouped: the generator's cache (DecoderCache groups); rows: one row per beam",
+    )
+    ap.add_argument(
         "--kernels",
         choices=KERNELS,
         default="fast",
@@ -94,9 +105,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = expand * args.beam
     orders = [base + torch.randint(0, args.beam, (rows,), device=dev) for _ in range(args.steps)]
 
+    grouped = args.cache == "grouped"
+    memory = CacheMemory()  # reused by every run, as the generator reuses it per batch
+
     def cached_run(profile: dict | None = None) -> None:
-        enc = model.encode(src).reorder(expand)
-        cache = model.new_cache()
+        enc = model.encode(src)  # [B,S,D]: one row per sentence, shared by its beams
+        if grouped:
+            cache = model.new_cache(group=args.beam, capacity=args.steps, memory=memory)
+        else:
+            enc = enc.reorder(expand)  # one row per beam
+            cache = model.new_cache()
         for t in range(args.steps):
             model.decode(tokens[:, t : t + 1], enc, cache)
             if profile is not None:
@@ -137,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     steps = args.steps
     print(
-        f"device={dev} threads={torch.get_num_threads()} kernels={args.kernels} "
+        f"device={dev} threads={torch.get_num_threads()} kernels={args.kernels} cache={args.cache} "
         f"preset={args.preset} vocab={args.vocab} "
         f"rows={args.batch}x{args.beam}={rows} src_len<={args.src_len} steps={steps}"
     )
@@ -156,6 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "device": dev,
         "kernels": args.kernels,
+        "cache": args.cache,
         "preset": args.preset,
         "vocab": args.vocab,
         "rows": rows,
