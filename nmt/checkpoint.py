@@ -11,12 +11,17 @@ import hashlib
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from nmt.data.tokenizer import Tokenizer
+    from nmt.model.config import ModelConfig
+    from nmt.model.transformer import Transformer
 
 FORMAT_VERSION = 1
 CHECKSUM_KEY = "checksum"  # "sha256:<hex>" of every other entry, see payload_checksum
@@ -27,7 +32,7 @@ def _feed(h: hashlib._Hash, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous().reshape(-1)
         h.update(f"T{t.dtype}{tuple(obj.shape)};".encode())
-        h.update(t.view(torch.uint8).numpy())  # raw bytes of any dtype (bf16 included)
+        h.update(t.view(torch.uint8).numpy().tobytes())  # raw bytes of any dtype (bf16 too)
     elif isinstance(obj, dict):
         h.update(f"D{len(obj)};".encode())
         for key, value in obj.items():  # pickle keeps insertion order, so this is stable
@@ -164,11 +169,11 @@ def model_config_from_dict(d: dict[str, Any]):
 class InferenceBundle:
     """Everything generation needs, rebuilt from one checkpoint file."""
 
-    model: torch.nn.Module
-    src_tokenizer: Any  # nmt.data.tokenizer.Tokenizer
-    tgt_tokenizer: Any
+    model: Transformer
+    src_tokenizer: Tokenizer
+    tgt_tokenizer: Tokenizer
     data: dict[str, Any]  # src_lang, tgt_lang, vocab sizes, special_ids, normalization
-    model_config: Any  # ModelConfig
+    model_config: ModelConfig
 
 
 def load_for_inference(

@@ -227,3 +227,7 @@ def train_main() -> None:
 
 def average_main() -> None:
     main("average")
+
+
+def serve_main() -> None:
+    main("serve")

@@ -73,6 +73,13 @@ def _average() -> CommandSpec:
     return CommandSpec("average", AverageConfig, average.run)
 
 
+def _serve() -> CommandSpec:
+    from nmt.commands import serve
+    from nmt.serving.config import ServeConfig
+
+    return CommandSpec("serve", ServeConfig, serve.run)
+
+
 # Keys that were renamed, per command: old -> (new, why). Using an old key is a one-line
 # error that names the new one (nmt.cli).
 RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
@@ -93,6 +100,7 @@ COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "generate": _generate,
     "export": _export,
     "import_fairseq": _import_fairseq,
+    "serve": _serve,
 }
 
 

@@ -4,6 +4,13 @@ Single process is the default: without torchrun's RANK/WORLD_SIZE variables ever
 here is a no-op on one rank. Under torchrun, the process group uses NCCL on CUDA and gloo
 on CPU, with a timeout, so that a rank whose peer died fails with a clear NmtError instead
 of waiting forever.
+
+Decisions all ranks must take together at every update (skip an update that ran out of
+memory on some rank, stop on a signal or at max_time) are agreed on host numbers through
+`all_reduce_host`: over a gloo group of its own when the main group is NCCL, so that the
+agreement never makes the host wait for the GPU (an NCCL collective on a flag, read back
+with .tolist(), drains the GPU's queue of work at every update). Being a host collective it
+also notices a peer that died as soon as the next update starts.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,22 +49,39 @@ class DistEnv:
 def env_from_environ(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read torchrun's RANK, WORLD_SIZE and LOCAL_RANK (all absent = one process)."""
     environ = os.environ if environ is None else environ
-    values = {}
-    for key, default in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", None)):
+
+    def number(key: str) -> int | None:
         raw = environ.get(key)
         try:
-            values[key] = default if raw is None else int(raw)
+            return None if raw is None else int(raw)
         except ValueError:
-            raise NmtError(f"environment {key}={raw!r}: not an integer (set by torchrun)") from None
-    world, rank = values["WORLD_SIZE"], values["RANK"]
-    local = rank if values["LOCAL_RANK"] is None else values["LOCAL_RANK"]
+            raise NmtError(f"environment {key}={raw}: not an integer (set by torchrun)") from None
+
+    rank, world, local = number("RANK"), number("WORLD_SIZE"), number("LOCAL_RANK")
+    rank = 0 if rank is None else rank
+    world = 1 if world is None else world
+    local = rank if local is None else local
     if world < 1 or not 0 <= rank < world:
         raise NmtError(f"environment RANK={rank} WORLD_SIZE={world}: need 0 <= RANK < WORLD_SIZE")
     return DistEnv(rank=rank, world_size=world, local_rank=local)
 
 
+# The gloo group of all ranks for host-side agreement (all_reduce_host) when the default
+# group is NCCL; None when the default group is gloo itself, or none exists.
+_host_group: Any = None
+
+# NCCL's watchdog aborts a process whose collective outlasts the group's timeout (SIGABRT
+# and torch's own log). The host group times out first, so that a rank waiting for a hung
+# peer at its host agreement reports nmt's one-line error instead; the watchdog remains
+# the backstop for a rank stuck inside a CUDA operation.
+NCCL_TIMEOUT_MARGIN_S = 60.0
+
+
 def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> None:
-    """NCCL on CUDA, gloo on CPU; MASTER_ADDR/MASTER_PORT come from torchrun."""
+    """NCCL on CUDA, gloo on CPU; MASTER_ADDR/MASTER_PORT come from torchrun. On CUDA a
+    second, gloo group carries the host-side agreements (see all_reduce_host), with the
+    timeout `timeout_s`; NCCL's is NCCL_TIMEOUT_MARGIN_S longer."""
+    global _host_group
     if not env.is_distributed or dist.is_initialized():
         return
     for key in ("MASTER_ADDR", "MASTER_PORT"):
@@ -64,22 +89,40 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> 
             raise NmtError(f"environment {key}: not set; start distributed runs with torchrun")
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
+    group_timeout = timeout_s
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds NCCL to this rank's GPU up front
+        group_timeout += NCCL_TIMEOUT_MARGIN_S
     try:
         dist.init_process_group(
             backend,
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=group_timeout),
             **kwargs,
         )
+        if backend == "nccl":
+            _host_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     except Exception as exc:
         raise peer_error(exc, env, "while starting the process group") from exc
 
 
-def destroy_process_group() -> None:
-    if dist.is_initialized():
+def destroy_process_group(wait_for_peers: bool = True) -> None:
+    """Leave the job (every group); with `wait_for_peers`, only once every rank got here.
+
+    A rank that tears its connections down while a peer is still inside a collective with
+    it makes that peer fail. After a failure (`wait_for_peers=False`) nobody is waited for.
+    """
+    global _host_group
+    if not dist.is_initialized():
+        return
+    try:
+        if wait_for_peers and dist.get_world_size() > 1:
+            dist.barrier(group=_host_group)
+    except Exception:  # nobody left to wait for: the work is done, leave all the same
+        pass
+    finally:
+        _host_group = None
         dist.destroy_process_group()
 
 
@@ -120,20 +163,39 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
-    """In place max over ranks; used to agree on stopping (a signal seen by any rank)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t
+def all_reduce_host(values: list[int], op: str = "sum") -> list[int]:
+    """Sum ("sum") or maximum ("max") of a few host integers over ranks (the values
+    themselves on one process). Host-side only: never waits for a GPU."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64)  # CPU: gloo
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+    dist.all_reduce(t, op=reduce_op, group=_host_group)
+    return t.tolist()
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
-    """[obj of rank 0, obj of rank 1, ...] (a one-element list on one process)."""
+    """[obj of rank 0, obj of rank 1, ...] (a one-element list on one process); pickled
+    and exchanged on the host (the gloo group), never through a GPU."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_host_group)
     return out
+
+
+def check_shared(path: Path, env: DistEnv) -> None:
+    """Every rank must see `path` the same way (there or not): a rank that does not see the
+    checkpoint the others resume from would start afresh (save_dir not on shared storage)."""
+    seen = all_gather_objects(path.exists())
+    if len(set(seen)) > 1:
+        ranks = [r for r, there in enumerate(seen) if there]
+        missing = [r for r, there in enumerate(seen) if not there]
+        raise NmtError(
+            f"{path}: ranks {ranks} see it, ranks {missing} do not (rank {env.rank} of "
+            f"{env.world_size}); put save_dir on storage every machine shares, at the same "
+            'path (docs/training.md, "Several machines")'
+        )
 
 
 def barrier() -> None:

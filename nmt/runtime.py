@@ -6,6 +6,8 @@ in every command:
     precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast, CUDA only)
 Under torchrun each rank takes the GPU of its LOCAL_RANK: `device=cuda` and `device=auto`
 mean cuda:LOCAL_RANK, and a fixed `cuda:N` is refused (every rank would share one GPU).
+A launcher that shows each process only its own GPU (CUDA_VISIBLE_DEVICES per rank, as
+SLURM's --gpus-per-task does) leaves one visible device: every rank then uses cuda:0.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def resolve_device(
     """
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
+            return torch.device("cuda", _rank_gpu(local_rank, distributed, key, name))
         return torch.device("cpu")
     try:
         device = torch.device(name)
@@ -51,13 +53,28 @@ def resolve_device(
                 "CUDA_VISIBLE_DEVICES to choose the GPUs"
             )
         if device.index is None:
-            device = torch.device("cuda", local_rank)
+            device = torch.device("cuda", _rank_gpu(local_rank, distributed, key, name))
         if device.index >= torch.cuda.device_count():
             raise NmtError(
                 f"{key}={name}: only {torch.cuda.device_count()} CUDA devices are "
                 f"visible; use cuda:0..cuda:{torch.cuda.device_count() - 1}"
             )
     return device
+
+
+def _rank_gpu(local_rank: int, distributed: bool, key: str, name: str) -> int:
+    """The GPU index of this process: LOCAL_RANK's under torchrun (0 alone), or 0 when
+    each rank sees one GPU only."""
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return local_rank
+    if distributed and count == 1:  # the launcher gave this rank its own GPU
+        return 0
+    raise NmtError(
+        f"{key}={name}: LOCAL_RANK is {local_rank} but only {count} CUDA devices are "
+        "visible; start at most one rank per GPU (torchrun --nproc_per_node), or show "
+        "each rank its own GPU with CUDA_VISIBLE_DEVICES"
+    )
 
 
 def check_precision(precision: str, device: torch.device, key: str = "precision") -> None:

@@ -18,12 +18,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric, Score
 
 from nmt.errors import NmtError
+
+if TYPE_CHECKING:
+    from sacrebleu.significance import Result
 from nmt.fsutil import atomic_write_text
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
@@ -386,7 +389,10 @@ def paired_test(
     signatures, table = test()
     results = []
     for metric_name, signature in signatures.items():
-        base, sys_ = table[metric_name]
+        # each metric's row: the baseline's Result, then the system's (sacrebleu types them
+        # as str | Result because its text table shares the structure)
+        base, sys_ = cast("list[Result]", table[metric_name])
+        assert sys_.p_value is not None  # sacrebleu tests every system but the baseline
         results.append(
             PairedResult(
                 metric=metric_name,

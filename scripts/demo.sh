@@ -3,7 +3,8 @@
 # German), on the CPU: preprocess, train transformer_tiny, translate the test split, score.
 # It prints each stage's progress and ends with the test BLEU.
 #
-# usage: scripts/demo.sh [WORKDIR]          (default WORKDIR: runs/demo-pipeline)
+# usage: scripts/demo.sh [WORKDIR]          (default WORKDIR: runs/demo)
+#   WORKDIR holds the run (checkpoint_best.pt, ...), data-bin/ and test.hyp.de.
 # Environment (defaults are the full demo; tests/integration/test_demo.py shortens it):
 #   DEMO_EPOCHS=3        training epochs over the 10,000 demo pairs (58 updates each)
 #   DEMO_MAX_UPDATE=0    stop training after this many updates (0 = no limit)
@@ -12,7 +13,7 @@
 #   NMT_BIN=.venv/bin    where the nmt-* commands are
 set -euo pipefail
 cd "$(dirname "$0")/.."
-W=${1:-runs/demo-pipeline}
+W=${1:-runs/demo}
 BIN=${NMT_BIN:-.venv/bin}
 EPOCHS=${DEMO_EPOCHS:-3}
 MAX_UPDATE=${DEMO_MAX_UPDATE:-0}
@@ -34,16 +35,16 @@ start=$(date +%s)
 echo "== 1/4 preprocess data/demo -> $W/data-bin"
 "$BIN/nmt-preprocess" data.dest="$W/data-bin"
 
-echo "== 2/4 train transformer_tiny ($EPOCHS epochs) -> $W/run"
+echo "== 2/4 train transformer_tiny ($EPOCHS epochs) -> $W"
 # A short warmup and a high peak learning rate: the tiny model learns the demo task in a
 # few hundred updates.
-"$BIN/nmt-train" data="$W/data-bin" save_dir="$W/run" model=transformer_tiny \
+"$BIN/nmt-train" data="$W/data-bin" save_dir="$W" model=transformer_tiny \
   optim=adam_inverse_sqrt optim.lr=3e-3 optim.warmup_updates=100 max_tokens=2048 \
   max_epoch="$EPOCHS" max_update="$MAX_UPDATE" log_interval=25 tensorboard=false \
   threads="$THREADS"
 
 echo "== 3/4 translate the test split (beam $BEAM) -> $W/test.hyp.de"
-"$BIN/nmt-generate" checkpoint="$W/run/checkpoint_best.pt" input="$W/data-bin" split=test \
+"$BIN/nmt-generate" checkpoint="$W/checkpoint_best.pt" input="$W/data-bin" split=test \
   output="$W/test.hyp.de" beam="$BEAM" max_len_a=1.5 max_len_b=10 threads="$THREADS"
 paste -d '\n' <(head -n 3 data/demo/test.en | sed 's/^/  en:  /') \
   <(head -n 3 "$W/test.hyp.de" | sed 's/^/  nmt: /') <(head -n 3 data/demo/test.de | sed 's/^/  ref: /')
@@ -51,3 +52,4 @@ paste -d '\n' <(head -n 3 data/demo/test.en | sed 's/^/  en:  /') \
 echo "== 4/4 score $W/test.hyp.de against data/demo/test.de"
 "$BIN/nmt-score" hyp="$W/test.hyp.de" refs=data/demo/test.de metrics=[bleu,chrf]
 echo "demo.sh: done in $(( $(date +%s) - start )) s; files in $W"
+echo "demo.sh: from Python: from nmt import Translator; Translator.from_checkpoint(\"$W/checkpoint_best.pt\").translate([\"I bought twenty-one books.\"])"

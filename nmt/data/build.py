@@ -4,10 +4,17 @@
     report = build_data_dir(PreprocessConfig(data=DataConfig(trainpref="corpus/train", ...)))
 
 Order of work, so that mistakes surface early and nothing half-done is ever visible:
-  1. check the config, the destination and every input file (counts, UTF-8) before slow work;
+  1. check the config, the destination and every input file (counts, UTF-8) before slow work,
+     in one pass over each file that also draws the SentencePiece training sample;
   2. build everything in a temporary sibling of `data.dest` (nmt.fsutil.atomic_directory):
      the SentencePiece model(s), the binarized splits, config.yaml, and meta.json last;
   3. rename the finished directory into place.
+
+Memory does not depend on the corpus size: the files are read in chunks (plain files by
+the workers themselves, compressed ones as one stream), SentencePiece sees a bounded sample
+(`spm.input_sentence_size`), at most 2 x workers chunks are in flight, and the output is
+written as it comes. With `join=[...]`, data dirs built apart are joined instead
+(nmt.data.join).
 Any failure or Ctrl-C removes the temporary directory; an existing data dir is replaced
 only with `overwrite=true`, and only once the new one is complete. A directory that holds
 anything but an nmt data dir (no meta.json) is never replaced.
@@ -27,9 +34,9 @@ from tqdm import tqdm
 
 from nmt.data.binarize import Encoder, EncodeSettings, SplitStats, dtype_for_vocab
 from nmt.data.config import InvalidUtf8, PreprocessConfig
-from nmt.data.corpus import CleanRules, FileScan, check_parallel, scan_file
+from nmt.data.corpus import CleanRules, FileScan, check_parallel, input_file, scan_file
 from nmt.data.meta import META_FILE, DataMeta, SplitInfo, split_prefix, write_meta
-from nmt.data.tokenizer_setup import DataTokenizers, setup_tokenizers
+from nmt.data.tokenizer_setup import DataTokenizers, TokenizerSamples, setup_tokenizers
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_directory, atomic_write_text, remove_stale_temps
@@ -57,6 +64,7 @@ class BuildReport:
     workers: int  # encoding processes
     invalid_utf8: dict[str, int]  # split -> lines with invalid UTF-8, where there were any
     invalid_utf8_policy: str  # "replace" or "skip" (with "error" there are none)
+    joined: int = 0  # data dirs joined (join=[...]); 0: built from text
 
     @property
     def pairs(self) -> int:
@@ -90,11 +98,14 @@ class BuildReport:
                 f"{s.src_tokens} {meta.src_lang} / {s.tgt_tokens} {meta.tgt_lang}   "
                 f"removed: {removed}"
             )
-        out.append(
-            f"encoded {self.pairs} pairs in {self.encode_seconds:.2f} s "
-            f"({self.pairs_per_second:,.0f} pairs/s, "
-            f"{self.workers} worker{'s' if self.workers > 1 else ''})"
-        )
+        if self.joined:
+            out.append(f"joined {self.joined} data dirs ({self.pairs} pairs)")
+        else:
+            out.append(
+                f"encoded {self.pairs} pairs in {self.encode_seconds:.2f} s "
+                f"({self.pairs_per_second:,.0f} pairs/s, "
+                f"{self.workers} worker{'s' if self.workers > 1 else ''})"
+            )
         out.append(f"wrote {self.dest}")
         return out
 
@@ -115,10 +126,15 @@ def build_data_dir(
     say = log or (lambda message: None)
     dest = Path(cfg.data.dest).expanduser()
     _check_dest(dest, cfg.overwrite)
-    splits = _scan_inputs(cfg)
+    if cfg.join:
+        from nmt.data.join import join_data_dirs
+
+        return join_data_dirs(cfg, dest, _plain(cfg), log=say)
+    samples = TokenizerSamples(cfg)
+    splits = _scan_inputs(cfg, samples, progress)
     remove_stale_temps(dest)  # what a killed run left beside dest
     with atomic_directory(dest) as tmp:
-        meta, stats, encode_s = _build(cfg, splits, tmp, progress, say)
+        meta, stats, encode_s = _build(cfg, splits, samples, tmp, progress, say)
     bad = {name: s.bad_utf8 for name, s in stats.items() if s.bad_utf8}
     return BuildReport(
         dest=dest,
@@ -133,13 +149,14 @@ def build_data_dir(
 def _build(
     cfg: PreprocessConfig,
     splits: list[SplitInput],
+    samples: TokenizerSamples,
     out: Path,
     progress: bool,
     log: Callable[[str], None],
 ) -> tuple[DataMeta, dict[str, SplitStats], float]:
     """Everything in `out`, meta.json last; returns the meta, the split counts and the
     encoding time."""
-    tokenizers = setup_tokenizers(cfg, splits[0].src, splits[0].tgt, out, log)
+    tokenizers = setup_tokenizers(cfg, samples, out, log)
     dtype = dtype_for_vocab(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
     started = time.perf_counter()
     stats = _encode_splits(cfg, splits, tokenizers, dtype.name, out, progress)
@@ -199,7 +216,8 @@ def _encode_splits(
         tqdm(
             total=total,
             unit=" pairs",
-            desc="nmt-preprocess",
+            unit_scale=True,
+            desc="encoding",
             disable=None if progress else True,  # None: only on a terminal
             leave=False,
         ) as bar,
@@ -216,30 +234,58 @@ def _encode_splits(
                 progress=bar.update,
             )
             if split.is_train and stats[split.name].kept == 0:
-                raise NmtError(_empty_train_message(cfg, stats[split.name]))
+                raise NmtError(_empty_train_message(cfg, split.name, stats[split.name]))
     return stats
 
 
 # ---------------------------------------------------------------------------- checks
 
 
-def _scan_inputs(cfg: PreprocessConfig) -> list[SplitInput]:
-    """Every input file exists, pairs have equal line counts, and (in error mode) valid UTF-8."""
+def _scan_inputs(
+    cfg: PreprocessConfig, samples: TokenizerSamples, progress: bool
+) -> list[SplitInput]:
+    """Every input file exists, pairs have equal line counts, and (in error mode) valid
+    UTF-8; the training files' lines are offered to the SentencePiece sample on the way."""
     check_utf8 = InvalidUtf8(cfg.on_invalid_utf8) is InvalidUtf8.error
+    train_names = {name for name, _ in cfg.data.train_prefixes()}
+    langs = {"src": cfg.data.src, "tgt": cfg.data.tgt}
+    files = [
+        (
+            name,
+            prefix,
+            {side: input_file(Path(prefix).expanduser(), lang) for side, lang in langs.items()},
+        )
+        for name, prefix in cfg.data.split_prefixes()
+    ]
+    for _, _, paths in files:  # every file is there before the first is read
+        for path in paths.values():
+            if not path.is_file():
+                raise NmtError(f"{path}: no such file")
+    total = sum(p.stat().st_size for _, _, paths in files for p in paths.values())
     splits = []
-    for name, prefix in cfg.data.split_prefixes():
-        base = Path(prefix).expanduser()
-        scans = [
-            scan_file(Path(f"{base}.{lang}"), cfg.chunk_lines, check_utf8)
-            for lang in (cfg.data.src, cfg.data.tgt)
-        ]
-        check_parallel(*scans)
-        if name == "train" and scans[0].lines == 0:
-            raise NmtError(
-                f"data.trainpref={prefix}: the training files are empty; give the prefix of "
-                "files with text"
-            )
-        splits.append(SplitInput(name, scans[0], scans[1], is_train=name == "train"))
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc="scanning",
+        disable=None if progress else True,  # None: only on a terminal
+        leave=False,
+    ) as bar:
+        for name, prefix, paths in files:
+            is_train = name in train_names
+            scans = {}
+            for side, path in paths.items():
+                bar.set_postfix_str(path.name)
+                sample = samples.for_side(side) if is_train else None
+                scans[side] = scan_file(path, cfg.chunk_lines, check_utf8, sample, bar.update)
+            check_parallel(scans["src"], scans["tgt"])
+            if is_train and scans["src"].lines == 0:
+                key = "data.trainpref" if name == "train" else f"data.extra_train.{name}"
+                raise NmtError(
+                    f"{key}={prefix}: the training files are empty; give the prefix of "
+                    "files with text"
+                )
+            splits.append(SplitInput(name, scans["src"], scans["tgt"], is_train=is_train))
     return splits
 
 
@@ -269,10 +315,15 @@ def _check_dest(dest: Path, overwrite: bool) -> None:
         )
 
 
-def _empty_train_message(cfg: PreprocessConfig, stats: SplitStats) -> str:
+def _empty_train_message(cfg: PreprocessConfig, name: str, stats: SplitStats) -> str:
     removed = ", ".join(f"{rule} {n}" for rule, n in stats.removed.items() if n)
+    key = (
+        f"data.trainpref={cfg.data.trainpref}"
+        if name == "train"
+        else f"data.extra_train.{name}={cfg.data.extra_train[name]}"
+    )
     return (
-        f"data.trainpref={cfg.data.trainpref}: no training pairs left after cleaning "
+        f"{key}: no training pairs left after cleaning "
         f"({stats.lines} lines; removed: {removed or 'none'}); check the files or relax "
         "clean.remove_empty, clean.max_pieces, clean.max_ratio"
     )

@@ -49,7 +49,7 @@ def _pad(seqs: Sequence[np.ndarray], pad: int) -> np.ndarray:
 
 
 def collate(
-    ids: Sequence[int],
+    ids: Sequence[int] | np.ndarray,
     pairs: Sequence[tuple[np.ndarray, np.ndarray]],
     *,
     pad: int = PAD,

@@ -37,7 +37,7 @@ class InvalidUtf8(str, Enum):
     """What to do with a line that is not valid UTF-8."""
 
     error = "error"  # stop with the file and line number
-    replace = "replace"  # keep the line, bad bytes become U+FFFD
+    replace = "replace"  # type: ignore[assignment]  # keep the line, bad bytes become U+FFFD
     skip = "skip"  # drop the pair (counted as removed: invalid_utf8), in every split
 
 
@@ -51,11 +51,20 @@ class DataConfig:
     validpref: Optional[str] = "data/demo/valid"  # stored as split "valid"; null: no valid split
     # test prefixes, any number; each is stored under its file name (test_2016_flickr, ...)
     testpref: list[str] = field(default_factory=lambda: ["data/demo/test"])
+    # more training corpora, split name: prefix (+data.extra_train.clean=corpus/clean); cleaned
+    # like train, sampled for SentencePiece with it, mixed in nmt-train by
+    # train_split={train:1,clean:2}
+    extra_train: dict[str, str] = field(default_factory=dict)
     dest: str = "data-bin/demo"  # the data dir to write
 
+    def train_prefixes(self) -> list[tuple[str, str]]:
+        """(split name, prefix) of the training corpora: train, then extra_train's."""
+        return [("train", self.trainpref), *self.extra_train.items()]
+
     def split_prefixes(self) -> list[tuple[str, str]]:
-        """(split name, prefix): train, valid, then each test prefix under its file name."""
-        named = [("train", self.trainpref)]
+        """(split name, prefix): the training corpora, valid, then each test prefix under
+        its file name."""
+        named = self.train_prefixes()
         if self.validpref:
             named.append(("valid", self.validpref))
         named += [(Path(prefix).name, prefix) for prefix in self.testpref]
@@ -79,12 +88,24 @@ class DataConfig:
             )
         if not self.dest:
             raise NmtError(f"data.dest={self.dest!r}: required; give the data dir to write")
+        for name, prefix in self.extra_train.items():
+            if not name or name in ("train", "valid") or "/" in name or name.startswith("."):
+                raise NmtError(
+                    f"data.extra_train.{name}={prefix}: {name!r} cannot name a split; "
+                    "choose another name (not train or valid, no '/')"
+                )
+            if not prefix:
+                raise NmtError(
+                    f"data.extra_train.{name}={prefix!r}: empty; give the prefix of the "
+                    f"corpus files (<prefix>.{self.src} and <prefix>.{self.tgt})"
+                )
         taken: set[str] = set()
         for name, prefix in self.split_prefixes():
             if not name or name in taken:
                 raise NmtError(
                     f"data.testpref={prefix}: would be stored as split {name!r}, which is "
-                    "taken; give the test files distinct names other than train and valid"
+                    "taken; give the test files distinct names other than train, valid and "
+                    "the data.extra_train names"
                 )
             taken.add(name)
 
@@ -101,7 +122,9 @@ class SpmConfig:
     vocab_size: int = 1000  # pieces per model, special ids and byte pieces included (demo size)
     character_coverage: float = 1.0  # share of characters covered; the rest: <unk> or bytes
     byte_fallback: bool = True  # spell unseen characters as UTF-8 bytes, so decoding is lossless
-    input_sentence_size: int = 0  # train on a random sample of this many sentences; 0: all
+    # train on a random sample of at most this many sentences (drawn in one pass while the
+    # files are scanned, seeded by `seed`): memory independent of the corpus; 0: every one
+    input_sentence_size: int = 2_000_000
     user_defined_symbols: list[str] = field(default_factory=list)  # always kept as one piece
     num_threads: int = 2  # training threads; part of the recipe (another count, another model)
     seed: int = 1  # SentencePiece's random seed (sentence sampling)
@@ -120,7 +143,7 @@ class SpmConfig:
         if self.input_sentence_size < 0:
             raise NmtError(
                 f"spm.input_sentence_size={self.input_sentence_size}: must not be negative; "
-                "use 0 to train on every sentence"
+                "use 0 to train on every sentence, or e.g. 2000000"
             )
         if not 0 < self.character_coverage <= 1:
             raise NmtError(
@@ -194,10 +217,24 @@ class PreprocessConfig:
     workers: int = 2  # encoding processes; the output is the same for any number
     chunk_lines: int = 5000  # lines per unit of work handed to a worker
     overwrite: bool = False  # replace an existing data dir at data.dest
+    # join these data dirs (built with one SentencePiece model) into data.dest instead of
+    # reading text: a split found in several becomes one split in shards (nmt.data.join)
+    join: list[str] = field(default_factory=list)
     debug: bool = False  # show tracebacks instead of one-line errors
 
     def validate(self) -> None:
         """Raise NmtError naming the first option that cannot work."""
+        if self.join:
+            if not self.data.dest:
+                raise NmtError(
+                    f"data.dest={self.data.dest!r}: required; give the data dir to write"
+                )
+            if len(set(self.join)) != len(self.join) or not all(self.join):
+                raise NmtError(
+                    f"join=[{','.join(self.join)}]: names a data dir twice or an empty one; "
+                    "list each shard's data dir once"
+                )
+            return
         self.data.validate()
         self.spm.validate()
         self.clean.validate()

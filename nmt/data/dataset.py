@@ -1,4 +1,9 @@
-"""A split of a data dir as indexable sentence pairs (memory-mapped, nothing loaded eagerly)."""
+"""A split of a data dir as indexable sentence pairs (memory-mapped, nothing loaded eagerly).
+
+A split may be stored in shards (see nmt.data.meta, `SplitInfo.shards`); `load_pair_dataset`
+opens one shard, or all of them as one dataset, and `ConcatSequences` puts several
+sequences (shards, or the corpora of a weighted mix) end to end.
+"""
 
 from __future__ import annotations
 
@@ -14,17 +19,67 @@ from nmt.errors import NmtError
 class TokenSequences(Protocol):
     """What nmt.data.binarize.TokenArray provides (and what tests may stand in with)."""
 
-    sizes: np.ndarray  # int64 lengths, eos included
+    @property
+    def sizes(self) -> np.ndarray: ...  # int64 lengths, eos included
 
     def __len__(self) -> int: ...
 
     def __getitem__(self, i: int) -> np.ndarray: ...
 
 
-class PairDataset:
-    """Sentence pair i = (src[i], tgt[i]); both end in EOS."""
+def compact_lengths(seqs: TokenSequences, limit: int | None = None) -> np.ndarray:
+    """Lengths of the first `limit` sequences (None: all) in the smallest unsigned dtype."""
+    n = len(seqs) if limit is None else min(limit, len(seqs))
+    lengths = getattr(seqs, "lengths", None)
+    if lengths is not None:
+        return lengths(n)
+    sizes = np.asarray(seqs.sizes)[:n]
+    return sizes.astype(np.min_scalar_type(int(sizes.max(initial=0))))
 
-    def __init__(self, src: TokenSequences, tgt: TokenSequences, name: str = "") -> None:
+
+class ConcatSequences:
+    """Several token sequences end to end: item i of part k is item offsets[k] + i."""
+
+    def __init__(self, parts: Sequence[TokenSequences]) -> None:
+        self.parts = list(parts)
+        self.offsets = np.cumsum([0] + [len(p) for p in self.parts])  # int64, parts + 1
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sentence {i} out of range for {n} sentences")
+        k = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return self.parts[k][i - int(self.offsets[k])]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.concatenate([np.asarray(p.sizes, dtype=np.int64) for p in self.parts])
+
+    def lengths(self, limit: int | None = None) -> np.ndarray:
+        n = len(self) if limit is None else min(limit, len(self))
+        parts = []
+        for k, part in enumerate(self.parts):
+            take = min(len(part), n - int(self.offsets[k]))
+            if take <= 0:
+                break
+            parts.append(compact_lengths(part, take))
+        if not parts:
+            return np.zeros(0, dtype=np.uint8)
+        return np.concatenate(parts).astype(np.result_type(*parts), copy=False)
+
+
+class PairDataset:
+    """Sentence pair i = (src[i], tgt[i]); both end in EOS. With `limit`, only the first
+    `limit` pairs (a bounded validation set)."""
+
+    def __init__(
+        self, src: TokenSequences, tgt: TokenSequences, name: str = "", limit: int | None = None
+    ) -> None:
         if len(src) != len(tgt):
             raise NmtError(
                 f"{name}: {len(src)} source but {len(tgt)} target sentences; "
@@ -33,33 +88,48 @@ class PairDataset:
         self.src = src
         self.tgt = tgt
         self.name = name
-        self.src_sizes = np.asarray(src.sizes, dtype=np.int64)
-        self.tgt_sizes = np.asarray(tgt.sizes, dtype=np.int64)
+        # compact (uint8/uint16) lengths: 2-4 bytes a pair, read without loading the data
+        self.src_sizes = compact_lengths(src, limit)
+        self.tgt_sizes = compact_lengths(tgt, limit)
 
     def __len__(self) -> int:
-        return len(self.src)
+        return len(self.src_sizes)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.src[i], self.tgt[i]
 
-    def pairs(self, indices: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def pairs(self, indices: Sequence[int] | np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(self.src[int(i)], self.tgt[int(i)]) for i in indices]
 
 
-def load_pair_dataset(
-    data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
-) -> PairDataset:
-    """Open `<data_dir>/<split>.<lang>.{bin,idx}` for both languages."""
+def open_side(data_dir: str | Path, prefix: str, lang: str, split: str):
+    """The TokenArray `<data_dir>/<prefix>.<lang>.{bin,idx}`; NmtError naming the split."""
     from nmt.data.binarize import TokenArray
 
-    data_dir = Path(data_dir)
-    arrays = []
+    path = Path(data_dir) / f"{prefix}.{lang}"
+    if not Path(f"{path}.bin").is_file() or not Path(f"{path}.idx").is_file():
+        raise NmtError(
+            f"{path}.bin/.idx: missing; the data dir has no {split!r} split "
+            f"for {lang!r} (see {Path(data_dir) / 'meta.json'})"
+        )
+    return TokenArray(str(path))
+
+
+def load_pair_dataset(
+    data_dir: str | Path,
+    split: str,
+    src_lang: str,
+    tgt_lang: str,
+    *,
+    shards: Sequence[str] = (),
+    limit: int | None = None,
+) -> PairDataset:
+    """Open `<data_dir>/<split>.<lang>.{bin,idx}` for both languages; for a sharded split,
+    `shards` names the shards' file prefixes (nmt.data.meta.shard_prefixes), opened end to
+    end. `limit`: only the first `limit` pairs."""
+    prefixes = list(shards) or [split]
+    sides = []
     for lang in (src_lang, tgt_lang):
-        prefix = data_dir / f"{split}.{lang}"
-        if not Path(f"{prefix}.bin").is_file() or not Path(f"{prefix}.idx").is_file():
-            raise NmtError(
-                f"{prefix}.bin/.idx: missing; the data dir has no {split!r} split "
-                f"for {lang!r} (see {data_dir / 'meta.json'})"
-            )
-        arrays.append(TokenArray(str(prefix)))
-    return PairDataset(arrays[0], arrays[1], name=f"{data_dir}/{split}")
+        arrays = [open_side(data_dir, prefix, lang, split) for prefix in prefixes]
+        sides.append(arrays[0] if len(arrays) == 1 else ConcatSequences(arrays))
+    return PairDataset(sides[0], sides[1], name=f"{data_dir}/{split}", limit=limit)

@@ -28,6 +28,12 @@ class SplitInfo:
     removed: dict[str, int]  # rule -> pairs dropped (empty, too_long, ratio, invalid_utf8)
     src_tokens: int  # ids stored for the source side, EOS included
     tgt_tokens: int  # ids stored for the target side, EOS included
+    # a split joined from several data dirs (nmt.data.join): its shards' file prefixes, in
+    # order (`<shard>.<lang>.bin/.idx`); empty: one shard, stored as `<split>.<lang>`
+    shards: list[str] = field(default_factory=list)
+
+    def shard_prefixes(self, split: str) -> list[str]:
+        return list(self.shards) or [split]
 
 
 @dataclass
@@ -49,6 +55,9 @@ class DataMeta:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for info in d["splits"].values():
+            if not info["shards"]:  # unsharded data dirs stay readable by older nmt
+                del info["shards"]
         return {"format_version": d.pop("format_version"), **d}
 
     @classmethod

@@ -1,4 +1,10 @@
-"""The data dir's SentencePiece model(s): reused from files, or trained on the training split.
+"""The data dir's SentencePiece model(s): reused from files, or trained on a sample of the
+training text.
+
+The sample is drawn while the input files are scanned (`TokenizerSamples`, reservoir
+sampling in nmt.data.sampling): at most `spm.input_sentence_size` lines per model, so the
+memory of this step does not grow with the corpus. A corpus with fewer lines gives every
+line, in order, so its model is the one trained on the whole text.
 
 Training runs in a child process: SentencePiece's C++ trainer ignores Ctrl-C for minutes on
 a large corpus, while a child can be stopped at once. The models are then written into the
@@ -14,8 +20,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from nmt.data.config import InvalidUtf8, ModelType, PreprocessConfig
-from nmt.data.corpus import FileScan, read_lines
-from nmt.data.tokenizer import Tokenizer, train_tokenizer
+from nmt.data.sampling import LineReservoir
+from nmt.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write_bytes
 from nmt.processes import ignore_sigint, sigint_deferred
@@ -34,26 +40,44 @@ class DataTokenizers:
         return self.src is self.tgt
 
 
+class TokenizerSamples:
+    """The reservoirs the scan of the training files fills: one for a joint model (both
+    sides), one per side for separate models, none when the models are reused."""
+
+    def __init__(self, cfg: PreprocessConfig) -> None:
+        s = cfg.spm
+        capacity = s.input_sentence_size or _ALL
+        self.reservoirs: dict[str, LineReservoir] = {}
+        if s.model is None and s.src_model is None:
+            sides = ("joint",) if s.joint else ("src", "tgt")
+            for k, side in enumerate(sides):
+                self.reservoirs[side] = LineReservoir(capacity, seed=s.seed + 1000 * k)
+
+    def for_side(self, side: str) -> LineReservoir | None:
+        """The reservoir the training text of `side` ("src" or "tgt") goes to, if any."""
+        return self.reservoirs.get("joint", self.reservoirs.get(side))
+
+
+_ALL = 1 << 62  # input_sentence_size=0: keep every line
+
+
 def setup_tokenizers(
-    cfg: PreprocessConfig,
-    train_src: FileScan,
-    train_tgt: FileScan,
-    out: Path,
-    log: Callable[[str], None],
+    cfg: PreprocessConfig, samples: TokenizerSamples, out: Path, log: Callable[[str], None]
 ) -> DataTokenizers:
     """Reuse or train the model(s) `cfg.spm` asks for, and write them into `out`."""
     s, d = cfg.spm, cfg.data
+    train = ",".join(prefix for _, prefix in cfg.data.train_prefixes())
     if s.model is not None:
         src_tok = tgt_tok = _reuse(s.model, "spm.model")
     elif s.src_model is not None and s.tgt_model is not None:
         src_tok = _reuse(s.src_model, "spm.src_model")
         tgt_tok = _reuse(s.tgt_model, "spm.tgt_model")
     elif s.joint:
-        what = f"{d.trainpref}.{{{d.src},{d.tgt}}}"
-        src_tok = tgt_tok = _train(cfg, [train_src, train_tgt], what, log)
+        what = f"{train}.{{{d.src},{d.tgt}}}"
+        src_tok = tgt_tok = _train(cfg, samples.reservoirs.pop("joint"), what, log)
     else:
-        src_tok = _train(cfg, [train_src], f"{d.trainpref}.{d.src}", log)
-        tgt_tok = _train(cfg, [train_tgt], f"{d.trainpref}.{d.tgt}", log)
+        src_tok = _train(cfg, samples.reservoirs.pop("src"), f"{train}.{d.src}", log)
+        tgt_tok = _train(cfg, samples.reservoirs.pop("tgt"), f"{train}.{d.tgt}", log)
     joint = src_tok is tgt_tok
     names = (
         {"src": "spm", "tgt": "spm"} if joint else {"src": f"spm.{d.src}", "tgt": f"spm.{d.tgt}"}
@@ -77,17 +101,23 @@ def _reuse(path: str, key: str) -> Tokenizer:
 
 
 def _train(
-    cfg: PreprocessConfig, scans: list[FileScan], what: str, log: Callable[[str], None]
+    cfg: PreprocessConfig, sample: LineReservoir, what: str, log: Callable[[str], None]
 ) -> Tokenizer:
     """Train in a child process and return the model it sends back."""
     s = cfg.spm
+    taken = (
+        f"all {sample.seen:,} lines"
+        if len(sample.lines) == sample.seen
+        else f"a random sample of {len(sample.lines):,} of its {sample.seen:,} lines"
+    )
     log(
         f"training a {ModelType(s.model_type).value} SentencePiece model of {s.vocab_size} "
-        f"pieces on {what}"
+        f"pieces on {taken} of {what}"
     )
     ctx = multiprocessing.get_context()
     receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_train_child, args=(sender, cfg, scans, what), daemon=True)
+    # forked, the child reads the sample from the parent's memory (nothing is copied)
+    child = ctx.Process(target=_train_child, args=(sender, cfg, sample.lines, what), daemon=True)
     try:
         with sigint_deferred():
             child.start()
@@ -95,8 +125,8 @@ def _train(
         status, payload = receiver.recv()
     except EOFError:
         raise NmtError(
-            f"SentencePiece training on {what} died (out of memory?); set "
-            "spm.input_sentence_size to train on a sample"
+            f"SentencePiece training on {what} died (out of memory?); lower "
+            f"spm.input_sentence_size={s.input_sentence_size} to train on a smaller sample"
         ) from None
     finally:
         sender.close()
@@ -109,19 +139,17 @@ def _train(
     return Tokenizer(payload, name=f"SentencePiece model of {what}")
 
 
-def _train_child(
-    sender: Connection, cfg: PreprocessConfig, scans: list[FileScan], what: str
-) -> None:
+def _train_child(sender: Connection, cfg: PreprocessConfig, sample: list[bytes], what: str) -> None:
     ignore_sigint()
     s = cfg.spm
     try:
         tok = train_tokenizer(
-            _training_text(scans, cfg),
+            _training_text(sample, cfg),
             vocab_size=s.vocab_size,
             model_type=ModelType(s.model_type).value,
             character_coverage=s.character_coverage,
             byte_fallback=s.byte_fallback,
-            input_sentence_size=s.input_sentence_size,
+            input_sentence_size=0,  # the sample is drawn already
             user_defined_symbols=s.user_defined_symbols,
             num_threads=s.num_threads,
             seed=s.seed,
@@ -135,10 +163,17 @@ def _train_child(
         sender.close()
 
 
-def _training_text(scans: list[FileScan], cfg: PreprocessConfig) -> Iterator[str]:
-    """Normalized, non-empty training lines of the given file(s), one chunk in memory at a time."""
-    policy = InvalidUtf8(cfg.on_invalid_utf8).value
-    for scan in scans:
-        for k in range(len(scan.starts) - 1):
-            lines, _ = read_lines(scan.path, *scan.chunk(k), k * cfg.chunk_lines, policy, cfg.nfkc)
-            yield from (line for line in lines if line)
+def _training_text(sample: list[bytes], cfg: PreprocessConfig) -> Iterator[str]:
+    """The sampled lines, decoded and normalized as the encoder reads them; empty lines and
+    lines skipped for invalid UTF-8 are left out."""
+    skip = InvalidUtf8(cfg.on_invalid_utf8) is InvalidUtf8.skip
+    for raw in sample:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            if skip:
+                continue
+            text = raw.decode("utf-8", errors="replace")  # the scan refused it in error mode
+        line = normalize_text(text, cfg.nfkc)
+        if line:
+            yield line

@@ -11,6 +11,13 @@ are logit processors (processors.py), applied in one call per step. A sentence i
 finished when it has K finished hypotheses (or reached its length limit); finished
 sentences leave the batch, so the remaining steps cost less.
 Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
+
+On a GPU the host reads the device once per batch before decoding (the length limits and
+whether sources are padded) and once per step (how many sentences are done, the shortest
+remaining limit, how many hypotheses finished), in one small transfer each: every
+other decision is made with tensors, so the GPU's queue never runs dry waiting for the
+host in between. (A sentence's hypotheses and the rows that stay are found with a
+stable sort, whose output size the host knows, where nonzero() would read the device.)
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from nmt.generation.config import SearchConfig
 from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors
 from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
 from nmt.model.cache import CacheMemory
+from nmt.model.transformer import Transformer
 
 
 @dataclass
@@ -38,14 +46,29 @@ class Hypothesis:
     attention: Tensor | None  # [T,S] float: the chosen layer's attention, when requested
 
 
+def true_positions(mask: Tensor, count: int) -> Tensor:
+    """[count] flat indices of mask's True elements, ascending; `count` (their number) is
+    known on the host. On a GPU this is a stable sort of the flags rather than nonzero(),
+    whose output size would have to be read from the device."""
+    flat = mask.reshape(-1)
+    if flat.device.type == "cpu":
+        return flat.nonzero().squeeze(1)
+    return (~flat).to(torch.uint8).argsort(stable=True)[:count]
+
+
 class _Member:
     """One model of the ensemble with its encoder output and decoder cache."""
 
     def __init__(
-        self, model: torch.nn.Module, src_tokens: Tensor, expand: Tensor, cache_args: dict | None
+        self,
+        model: Transformer,
+        src_tokens: Tensor,
+        expand: Tensor,
+        cache_args: dict | None,
+        padded: bool,
     ):
         self.model = model
-        self.enc = model.encode(src_tokens)  # one row per sentence
+        self.enc = model.encode(src_tokens, padded)  # one row per sentence
         self.cache = model.new_cache(**cache_args) if cache_args is not None else None
         if self.cache is None:  # the uncached decoder needs a source row per decoder row
             self.enc = self.enc.reorder(expand)  # rows: sentence b -> K rows
@@ -65,7 +88,7 @@ class _Member:
         when no sentence left the batch."""
         if self.cache is not None:
             # The cache holds the encoder keys/values; `enc` is not read after step 0.
-            self.cache.reorder(order, encoder_rows=kept)
+            self.cache.reorder(order, encoder_rows=kept, groups_kept=kept is None)
         elif kept is not None:
             self.enc = self.enc.reorder(order)
 
@@ -84,25 +107,37 @@ class _Finished:
         self.count = torch.zeros(bsz, dtype=torch.long, device=device)  # [B] slots used
         self.attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
 
+    def slots(self, sent: Tensor, finishing: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Where the candidates `finishing` [N,K] (EOS among a sentence's top K) would go,
+        in rank order: (accepted [N,K], those with a free slot; slots [N,K]; the
+        sentences' finished counts after filing them [N]). sent [N]: the batch index of
+        each active sentence."""
+        count = self.count[sent]  # [N]
+        slots = count.unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
+        accepted = finishing & slots.lt(self.k)
+        return accepted, slots, count + accepted.sum(1)
+
     def add(
         self,
         step: int,
         sent: Tensor,
-        finishing: Tensor,
+        accepted: tuple[Tensor, Tensor, int],
         cand: tuple[Tensor, Tensor, Tensor],
         history: tuple[Tensor, Tensor, Tensor | None],
         step_attn: Tensor | None,
         lenpen: float,
     ) -> None:
-        """File the candidates `finishing` [N,K] (EOS among a sentence's top K) into free
-        slots, in rank order. sent [N]: the batch index of each active sentence;
-        cand = (lprobs, scores, origins) [N,C] of the step's candidates; history = (tokens
-        [R,1+t], their log-probs [R,t], attention [R,t,S] | None) of the active rows."""
+        """File the accepted candidates into their slots: accepted = (mask [N,K], slots
+        [N,K], how many, known on the host) from `slots`. sent [N]: the batch index of
+        each active sentence; cand = (lprobs, scores, origins) [N,C] of the step's
+        candidates; history = (tokens [R,1+t], their log-probs [R,t], attention [R,t,S] |
+        None) of the active rows."""
         k, t = self.k, step  # t tokens precede the EOS
         cand_lp, cand_scores, cand_origins = cand
         tokens, pos_scores, attn_hist = history
-        slots = self.count[sent].unsqueeze(1) + finishing.cumsum(1) - 1  # [N,K]
-        ni, ci = (finishing & slots.lt(k)).nonzero(as_tuple=True)  # [F], at most K each
+        mask, slots, count = accepted
+        flat = true_positions(mask, count)  # [F], at most K per sentence
+        ni, ci = torch.div(flat, k, rounding_mode="floor"), flat % k
         rows = ni * k + cand_origins[ni, ci]  # [F] the hypotheses they extend
         sid, slot = sent[ni], slots[ni, ci]  # [F] where they go
         self.tokens[sid, slot, :t] = tokens[rows, 1:]
@@ -162,7 +197,7 @@ class SequenceGenerator:
     """
 
     def __init__(
-        self, models: Sequence[torch.nn.Module], search: SearchConfig, attn_layer: int | None = None
+        self, models: Sequence[Transformer], search: SearchConfig, attn_layer: int | None = None
     ):
         search.validate()
         self.models = list(models)
@@ -230,16 +265,21 @@ class SequenceGenerator:
         attn_layer = self.attn_layer if attn_layer is None else attn_layer
         want_attn = attn_layer is not None
         device = src_tokens.device
+        on_cpu = device.type == "cpu"
         bsz, src_len = src_tokens.shape
-        max_lens = self.max_lengths(src_tokens.ne(PAD).sum(1))  # [B]
-        longest = int(max_lens.max())
+        src_lengths = src_tokens.ne(PAD).sum(1)  # [B]
+        max_lens = self.max_lengths(src_lengths)  # [B]
+        # The batch's one read before decoding.
+        longest, shortest, min_src = torch.stack(
+            [max_lens.max(), max_lens.min(), src_lengths.min()]
+        ).tolist()
         expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
         members = [
-            _Member(m, src_tokens, expand, self._cache_args(i, longest + 1))
+            _Member(m, src_tokens, expand, self._cache_args(i, longest + 1), min_src < src_len)
             for i, m in enumerate(self.models)
         ]
         finished = _Finished(bsz, k, longest, src_len, want_attn, device)
-        forced = ForcedTokens(prefix_tokens, max_lens, k)
+        forced = ForcedTokens(prefix_tokens, max_lens, k, min_max=shortest)
 
         # Active state: rows are sentence-major (row = n*K + beam).
         sent = torch.arange(bsz, device=device)  # [N] original index of each active sentence
@@ -265,11 +305,22 @@ class SequenceGenerator:
             is_eos = cand_tokens.eq(EOS)
             # Only EOS candidates among the top K finish a hypothesis (fairseq).
             finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
-            if bool(finishing.any()):
+            if on_cpu and not bool(finishing.any()):  # most steps; reading is free on a CPU
+                accepted, counts = None, finished.count[sent]
+            else:
+                accepted, slots, counts = finished.slots(sent, finishing)  # [N,K], [N,K], [N]
+            done = counts.ge(k) | max_lens.le(step)  # [N]
+            reads = [done.sum(), max_lens.masked_fill(done, self.max_positions).min()]
+            if accepted is not None:
+                reads.append(accepted.sum())
+            # The step's one read: sentences done, the others' shortest limit, hypotheses
+            # finishing; what the host needs to steer the batch.
+            n_done, min_left, *n_accepted = torch.stack(reads).tolist()
+            if accepted is not None and n_accepted[0]:
                 finished.add(
                     step,
                     sent,
-                    finishing,
+                    (accepted, slots, n_accepted[0]),
                     (cand_lp, cand_scores, cand_origins),
                     (tokens, pos_scores, attn_hist),
                     step_attn,
@@ -283,8 +334,6 @@ class SequenceGenerator:
                 pick, scores = select_active(cand_scores, is_eos, k)  # [N,K]
             act_tokens, act_origins = cand_tokens.gather(1, pick), cand_origins.gather(1, pick)
             act_lp = cand_lp.gather(1, pick)
-            done = finished.count[sent].ge(k) | max_lens.le(step)  # [N]
-            n_done = int(done.sum())
             if n_done == n:
                 break
             # Finished sentences leave the batch once they are a quarter of it: moving the
@@ -296,9 +345,9 @@ class SequenceGenerator:
                 if n_done:
                     scores = scores.masked_fill(done.unsqueeze(1), NEG_INF)
             else:
-                kept = (~done).nonzero().squeeze(1)  # [N']
+                kept = true_positions(~done, n - n_done)  # [N']
                 sent, max_lens = sent[kept], max_lens[kept]
-                forced.keep(kept, max_lens)
+                forced.keep(kept, max_lens, min_left)
                 scores, act_tokens, act_origins, act_lp = (
                     t[kept] for t in (scores, act_tokens, act_origins, act_lp)
                 )

@@ -14,13 +14,15 @@ Three stages, in the order the generator meets them at every step:
 A rule is any callable `(lprobs [R,V], step, tokens [R,1+t]) -> None` editing lprobs in
 place; `tokens` is the decoder input so far (the leading EOS, then the generated tokens).
 Rules allocate nothing per step beyond what their own masking needs, and none of them
-reads a value back from the device.
+reads a value back from the device; nor does the pinning of forced tokens on a GPU
+(`Pinned`), which works on every row instead of first finding the pinned ones.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -106,30 +108,47 @@ def block_repeated_ngrams(history: Tensor, lprobs: Tensor, n: int) -> Tensor:
     return lprobs.masked_fill_(mask[:, :vocab], NEG_INF)
 
 
+class Pinned(NamedTuple):
+    """The rows a step pins to one token each.
+
+    On a CPU, `rows` [F] lists them and `tokens` [F] holds their tokens. On a GPU listing
+    them would wait for the device (their number sets a shape), so `rows` is None and
+    `tokens` [R] covers every row, -1 for the free ones.
+    """
+
+    rows: Tensor | None
+    tokens: Tensor
+
+
 class ForcedTokens:
     """The tokens rows must produce, for one batch: each sentence's target prefix while it
     lasts, and EOS once a row reaches its sentence's length limit (EOS wins).
 
     prefix [N,P] is right-padded with PAD (a row of PAD: no prefix), max_lens [N] the
     longest output of each sentence (tokens before EOS); each sentence has `beam` rows.
+    `min_max`: max_lens.min(), when the caller has it on the host already.
     """
 
-    def __init__(self, prefix: Tensor | None, max_lens: Tensor, beam: int):
+    def __init__(
+        self, prefix: Tensor | None, max_lens: Tensor, beam: int, min_max: int | None = None
+    ):
         if prefix is not None and (prefix.eq(EOS) | prefix.eq(BOS)).any():
             raise ValueError("prefix_tokens must not contain EOS or BOS")
         self.prefix = prefix
         self.beam = beam
         self.row_max = max_lens.repeat_interleave(beam)  # [R]
-        self.min_max = int(max_lens.min())  # no row is at its limit before this step
+        # no row is at its limit before this step
+        self.min_max = int(max_lens.min()) if min_max is None else min_max
 
-    def keep(self, kept: Tensor, max_lens: Tensor) -> None:
-        """Only the sentences `kept` [N'] stay in the batch; max_lens [N'] are theirs."""
+    def keep(self, kept: Tensor, max_lens: Tensor, min_max: int | None = None) -> None:
+        """Only the sentences `kept` [N'] stay in the batch; max_lens [N'] are theirs (and
+        `min_max` their minimum, when the caller has it on the host)."""
         self.row_max = self.row_max.view(-1, self.beam)[kept].view(-1)
         self.prefix = None if self.prefix is None else self.prefix[kept]
-        self.min_max = int(max_lens.min())
+        self.min_max = int(max_lens.min()) if min_max is None else min_max
 
-    def at(self, step: int) -> tuple[Tensor, Tensor] | None:
-        """(rows [F], tokens [F]) pinned at this step, or None when every row is free."""
+    def at(self, step: int) -> Pinned | None:
+        """The rows pinned at this step, or None when every row is surely free."""
         prefix = self.prefix if self.prefix is not None and step < self.prefix.size(1) else None
         if prefix is None and step < self.min_max:
             return None
@@ -139,8 +158,10 @@ class ForcedTokens:
             forced = torch.where(col.eq(PAD), forced, col)
         if step >= self.min_max:
             forced = torch.where(self.row_max.le(step), EOS, forced)
+        if forced.device.type != "cpu":
+            return Pinned(rows=None, tokens=forced)
         rows = forced.ge(0).nonzero().squeeze(1)
-        return (rows, forced[rows]) if rows.numel() else None
+        return Pinned(rows=rows, tokens=forced[rows]) if rows.numel() else None
 
 
 class LogitProcessors:
@@ -173,14 +194,27 @@ class LogitProcessors:
     ) -> None:
         """Apply the rules to lprobs [R,V] in place, then pin the forced rows."""
         pinned = None if forced is None else forced.at(step)
-        if pinned is not None:
-            rows, pinned_tokens = pinned
+        if pinned is None:
+            for rule in self.rules:
+                rule(lprobs, step, tokens)
+            return
+        if pinned.rows is not None:  # the pinned rows listed
+            rows, pinned_tokens = pinned.rows, pinned.tokens
             own = lprobs[rows, pinned_tokens]  # the model's own log-prob, before any rule
+            for rule in self.rules:
+                rule(lprobs, step, tokens)
+            lprobs[rows] = NEG_INF  # a pinned row may produce its token only
+            lprobs[rows, pinned_tokens] = own
+            return
+        # Every row, the free ones (-1) unchanged: nothing read back from the device.
+        free = pinned.tokens.lt(0).unsqueeze(1)  # [R,1]
+        column = pinned.tokens.clamp(min=0).unsqueeze(1)  # [R,1]
+        own = lprobs.gather(1, column)  # [R,1] before any rule
         for rule in self.rules:
             rule(lprobs, step, tokens)
-        if pinned is not None:  # a pinned row may produce its token only
-            lprobs[rows] = NEG_INF
-            lprobs[rows, pinned_tokens] = own
+        after = lprobs.gather(1, column)  # what the rules left (kept for free rows)
+        lprobs.masked_fill_(~free, NEG_INF)
+        lprobs.scatter_(1, column, torch.where(free, after, own))
 
 
 def top_k(lprobs: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -16,11 +16,11 @@ shared state), tokenization is not.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 import torch
@@ -115,10 +115,13 @@ class Translator:
         max_sentences: int = 64,
         overlong: str = "truncate",
         alignment_layer: int = -1,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
     ):
         """From already-built parts: models in eval mode on `runtime.device` (default:
         the first model's device, fp32), sharing the target vocabulary. `nfkc`: the
-        normalization the data dir applied (its meta.json / the checkpoint's data)."""
+        normalization the data dir applied (its meta.json / the checkpoint's data);
+        `src_lang`/`tgt_lang`: the language codes of its data (None when unknown)."""
         self.search = search if search is not None else SearchConfig()
         self.search.validate()
         check_batching(max_tokens, max_sentences, overlong)
@@ -130,6 +133,7 @@ class Translator:
         self.nfkc = nfkc
         self.max_tokens, self.max_sentences, self.overlong = max_tokens, max_sentences, overlong
         self.alignment_layer = alignment_layer
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.max_source_positions = min(m.cfg.max_source_positions for m in self.models)
         self.max_target_positions = min(m.cfg.max_target_positions for m in self.models)
         self.generator = SequenceGenerator(self.models, self.search)
@@ -227,7 +231,7 @@ class Translator:
         bundles = load_ensemble(paths, runtime.device)
         first = bundles[0]
         return cls(
-            [cast(Transformer, b.model) for b in bundles],
+            [b.model for b in bundles],
             first.src_tokenizer,
             first.tgt_tokenizer,
             search=search,
@@ -237,7 +241,19 @@ class Translator:
             max_sentences=max_sentences,
             overlong=overlong,
             alignment_layer=alignment_layer,
+            src_lang=first.data.get("src_lang"),
+            tgt_lang=first.data.get("tgt_lang"),
         )
+
+    def with_search(self, search: SearchConfig) -> Translator:
+        """This translator with another search: the same models, tokenizers, device,
+        batching and lock (calls on either stay serialized), its own generator. A
+        sampling search starts a random stream of its own from `search.seed`."""
+        search.validate()
+        other = copy.copy(self)
+        other.search = search
+        other.generator = SequenceGenerator(self.models, search)
+        return other
 
     @property
     def device(self) -> torch.device:
@@ -302,7 +318,7 @@ class Translator:
             sources, prefixes=prefix_ids, nbest=nbest, alignment=return_alignment
         )
         return [
-            self._translations(hyps, len(src), return_scores, return_alignment)
+            self.translations(hyps, len(src), scores=return_scores, alignment=return_alignment)
             for hyps, src in zip(results, sources)
         ]
 
@@ -407,9 +423,11 @@ class Translator:
         empty = np.zeros(0, np.int64)
         return pad_batch([empty if r is None else r for r in rows], self.device)
 
-    def _translations(
-        self, hyps: list[Hypothesis], src_len: int, scores: bool, alignment: bool
+    def translations(
+        self, hyps: list[Hypothesis], src_len: int, *, scores: bool, alignment: bool
     ) -> list[Translation]:
+        """translate_ids' hypotheses of one source (`src_len` ids, EOS included) as
+        translate_batch returns them: text, pieces, and scores/alignment on request."""
         if not hyps:  # an empty source: one empty translation
             return [
                 Translation(

@@ -18,7 +18,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -28,6 +28,15 @@ from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_directory, atomic_write_bytes, atomic_write_text, remove_stale_temps
 from nmt.interop.config import ExportConfig
+from nmt.model.layers import (
+    LearnedPositionalEmbedding,
+    MultiheadAttention,
+    SinusoidalPositionalEmbedding,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+    _Layer,
+)
+from nmt.model.transformer import Transformer, TransformerDecoder, TransformerEncoder
 
 DECODER_START = EOS  # nmt's decoder input starts with </s>, as fairseq's
 EXPORT_INFO = "nmt_export.json"  # where the export came from (exported_from, spm files, ...)
@@ -65,7 +74,7 @@ def _layer_norm(spec: Any, norm: nn.LayerNorm) -> None:
     spec.beta = _np(norm.bias)
 
 
-def _attention(spec: Any, attn: nn.Module, self_attention: bool) -> None:
+def _attention(spec: Any, attn: MultiheadAttention, self_attention: bool) -> None:
     if self_attention:
         _fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
     else:
@@ -74,7 +83,7 @@ def _attention(spec: Any, attn: nn.Module, self_attention: bool) -> None:
     _linear(spec.linear[-1], attn.out_proj)
 
 
-def _ffn(spec: Any, layer: nn.Module) -> None:
+def _ffn(spec: Any, layer: _Layer) -> None:
     _layer_norm(spec.layer_norm, layer.final_layer_norm)
     _linear(spec.linear_0, layer.fc1)
     _linear(spec.linear_1, layer.fc2)
@@ -82,11 +91,16 @@ def _ffn(spec: Any, layer: nn.Module) -> None:
 
 def _position_table(module: nn.Module) -> np.ndarray:
     """Rows for positions 0.. (fairseq's table without its padding_idx + 1 unused rows)."""
-    table = module.weight if isinstance(module, nn.Embedding) else module.weights  # [N, D]
-    return _np(table[module.padding_idx + 1 :])
+    if isinstance(module, LearnedPositionalEmbedding):
+        table, padding_idx = module.weight, module.padding_idx  # [N, D]
+    else:
+        assert isinstance(module, SinusoidalPositionalEmbedding)
+        table, padding_idx = module.weights, module.padding_idx
+    assert padding_idx is not None
+    return _np(table[padding_idx + 1 :])
 
 
-def _inputs(spec: Any, side: nn.Module, embed_scale: float) -> None:
+def _inputs(spec: Any, side: TransformerEncoder | TransformerDecoder, embed_scale: float) -> None:
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _np(side.embed_tokens.weight)
     spec.scale_embeddings = float(embed_scale)  # a number: sqrt(D), or 1.0 without scaling
@@ -98,7 +112,7 @@ def _inputs(spec: Any, side: nn.Module, embed_scale: float) -> None:
 
 
 def build_spec(
-    model: nn.Module, model_config: Any, src_pieces: list[str], tgt_pieces: list[str]
+    model: Transformer, model_config: Any, src_pieces: list[str], tgt_pieces: list[str]
 ) -> Any:
     """A ctranslate2 TransformerSpec holding the model's weights and vocabularies."""
     require_ctranslate2()
@@ -116,13 +130,15 @@ def build_spec(
     scale = math.sqrt(cfg.embed_dim) if cfg.scale_embedding else 1.0
     encoder, decoder = model.encoder, model.decoder
     _inputs(spec.encoder, encoder, scale)
-    for layer_spec, layer in zip(spec.encoder.layer, encoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
-        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
-        _ffn(layer_spec.ffn, layer)
+    encoder_layers = cast(list[TransformerEncoderLayer], encoder.layers)
+    for layer_spec, enc_layer in zip(spec.encoder.layer, encoder_layers):
+        _attention(layer_spec.self_attention, enc_layer.self_attn, self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, enc_layer.self_attn_layer_norm)
+        _ffn(layer_spec.ffn, enc_layer)
     _inputs(spec.decoder, decoder, scale)
     _linear(spec.decoder.projection, decoder.output_projection)
-    for layer_spec, layer in zip(spec.decoder.layer, decoder.layers):
+    decoder_layers = cast(list[TransformerDecoderLayer], decoder.layers)
+    for layer_spec, layer in zip(spec.decoder.layer, decoder_layers):
         _attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
         _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
         _attention(layer_spec.attention, layer.encoder_attn, self_attention=False)

@@ -18,6 +18,7 @@ its source is needed: the checkpoint is read with nmt.interop.safe_unpickle.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import re
 from collections.abc import Mapping
@@ -182,7 +183,8 @@ def spm_with_nmt_specials(model_bytes: bytes, source: str) -> bytes:
         proc.id_to_piece(i) == p for i, p in SPECIAL_PIECES.items()
     ):
         return model_bytes
-    from sentencepiece import sentencepiece_model_pb2 as pb
+    # protobuf classes are made at import time: no static types to check against
+    pb: Any = importlib.import_module("sentencepiece.sentencepiece_model_pb2")
 
     proto = pb.ModelProto()
     proto.ParseFromString(model_bytes)

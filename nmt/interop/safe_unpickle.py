@@ -34,7 +34,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     try:  # numpy >= 2 moved numpy.core to numpy._core; pickles name either
         from numpy._core import multiarray
     except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core import multiarray
+        from numpy.core import multiarray  # type: ignore[no-redef]
     out: dict[tuple[str, str], Any] = {}
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
         out[(module, "scalar")] = multiarray.scalar

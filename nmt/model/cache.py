@@ -189,7 +189,13 @@ class DecoderCache:
         return self._enc_kv[:, layer, 0], self._enc_kv[:, layer, 1]
 
     # -- beam search --------------------------------------------------------------------
-    def reorder(self, index: Tensor, encoder_rows: Tensor | None = None) -> None:
+    def reorder(
+        self,
+        index: Tensor,
+        encoder_rows: Tensor | None = None,
+        *,
+        groups_kept: bool | None = None,
+    ) -> None:
         """Make row i the old row index[i] (index [B'] long; B' may differ from B).
 
         With groups, index must keep each group of G new rows inside one old group (the
@@ -198,9 +204,14 @@ class DecoderCache:
         rows: one per group when the rows of a group share them (the generator's way),
         or one per row. With `encoder_rows` they become those old rows; None leaves them
         as they are, which is right while the groups stay the same.
+
+        `groups_kept=True` tells that new group n comes from old group n for every n (beam
+        search while no sentence leaves): then nothing is copied, and the index need not
+        be read to find that out, which on a GPU would wait for the device. Whether rows
+        stay within their groups is checked on CPU tensors only, for the same reason.
         """
         if self._self_kv is not None:
-            self._reorder_self(index)
+            self._reorder_self(index, groups_kept)
         if encoder_rows is None:
             return
         # Advanced indexing rather than index_select for these contiguous tensors: on two
@@ -210,7 +221,7 @@ class DecoderCache:
         if self.enc_mask is not None:
             self.enc_mask = self.enc_mask[encoder_rows]
 
-    def _reorder_self(self, index: Tensor) -> None:
+    def _reorder_self(self, index: Tensor, groups_kept: bool | None) -> None:
         g, filled = self.group, self.length
         buf, ancestry = self._self_kv, self._ancestry
         assert buf is not None and ancestry is not None
@@ -218,14 +229,17 @@ class DecoderCache:
             raise ValueError(f"reorder: {index.numel()} rows do not split into groups of {g}")
         old_group = torch.div(index, g, rounding_mode="floor").view(-1, g)  # [N',G]
         groups = old_group[:, 0]  # [N'] the old group each new group comes from
-        if g > 1 and not bool(old_group.eq(groups[:, None]).all()):
+        if g > 1 and index.device.type == "cpu" and not bool(old_group.eq(groups[:, None]).all()):
             raise ValueError(
                 "reorder: with groups of rows, each new group must take all its "
                 "rows from one old group"
             )
-        if groups.numel() != buf.size(2) or not torch.equal(
-            groups, torch.arange(groups.numel(), device=groups.device)
-        ):
+        moved = groups.numel() != buf.size(2)
+        if not moved and groups_kept is None:
+            moved = not torch.equal(groups, torch.arange(groups.numel(), device=groups.device))
+        elif not moved:
+            moved = not groups_kept
+        if moved:
             # Groups left or moved: copy their slots (the only copy of cached keys/values).
             new = self._empty((*buf.shape[:2], groups.numel(), *buf.shape[3:]), buf)
             torch.index_select(buf[:, :, :, :, :filled], 2, groups, out=new[:, :, :, :, :filled])

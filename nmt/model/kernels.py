@@ -12,8 +12,9 @@ What is faster here, and where:
 - attention for CPU training: two matmuls around a softmax up to
   MATMUL_ATTENTION_MAX_KEYS keys, and bf16 flash attention run in fp32 beyond
   (`FastKernels.attention`);
-- no attention mask at all for a CPU batch without padding (`FastKernels.attention_mask`).
-CUDA and torch.compile keep torch's own kernels for all but the projections.
+- no attention mask at all for a batch without padding (`FastKernels.attention_mask`), so
+  that SDPA may pick its flash kernels (on a GPU when the caller says so from the host).
+CUDA and torch.compile keep torch's own kernels for all but the projections and masks.
 
 Shape legend as in layers.py: B batch, T queries, K keys, D embed_dim, H heads, Dh head width.
 """
@@ -94,16 +95,19 @@ class FastKernels(Kernels):
             )
         return out.to(torch.bfloat16)
 
-    def attention_mask(self, padding_mask: Tensor) -> Tensor | None:
+    def attention_mask(self, padding_mask: Tensor, padded: bool | None = None) -> Tensor | None:
         """As Kernels', but None for a batch without padding, so that SDPA may pick its
-        fastest kernel. The check reads the data, so it runs only on CPU tensors in eager
-        mode: on a GPU it would wait for the device, and under torch.compile a branch on
-        data would break the graph."""
+        fastest kernel (flash attention takes no mask). `padded` comes from the caller,
+        who knows the lengths on the host; when it is None the data are read, but only
+        on CPU tensors in eager mode: on a GPU that would wait for the device, and under
+        torch.compile a branch on data would break the graph."""
         if (
-            padding_mask.device.type == "cpu"
+            padded is None
+            and padding_mask.device.type == "cpu"
             and not torch.compiler.is_compiling()
-            and not bool(padding_mask.any())
         ):
+            padded = bool(padding_mask.any())
+        if padded is False:
             return None
         return super().attention_mask(padding_mask)
 

@@ -181,8 +181,12 @@ class Kernels:
         out = torch.matmul(self.dropout(probs.to(v.dtype), dropout_p, dropout_p > 0), v)
         return out, probs  # [B,H,T,Dh], [B,H,T,K]
 
-    def attention_mask(self, padding_mask: Tensor) -> Tensor | None:
-        """[B,K] key padding mask (True = pad) -> attention mask [B,1,1,K] (True = attend)."""
+    def attention_mask(self, padding_mask: Tensor, padded: bool | None = None) -> Tensor | None:
+        """[B,K] key padding mask (True = pad) -> attention mask [B,1,1,K] (True = attend).
+
+        `padded` (whether any row is padded, when the caller knows) is a hint a faster
+        subclass may use to return None; the mask is right either way.
+        """
         return ~padding_mask[:, None, None, :]
 
     def multihead_attention(

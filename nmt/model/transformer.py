@@ -35,10 +35,12 @@ class EncoderOut(NamedTuple):
 
     out: Tensor  # [B,S,D] final encoder states
     padding_mask: Tensor  # [B,S] bool, True = pad
+    padded: bool | None = None  # any row padded? False: attention needs no mask; None: unknown
 
     def reorder(self, index: Tensor) -> EncoderOut:
         """Rows index[i] of both tensors (index [B'] long), e.g. to expand to beams."""
-        return EncoderOut(self.out[index], self.padding_mask[index])  # see DecoderCache.reorder
+        # see DecoderCache.reorder; rows of an unpadded batch stay unpadded
+        return EncoderOut(self.out[index], self.padding_mask[index], self.padded)
 
 
 def _positions(cfg: ModelConfig, pad_id: int, max_positions: int, key: str) -> nn.Module:
@@ -78,20 +80,20 @@ class TransformerEncoder(nn.Module):
         )
         self.layer_norm = nn.LayerNorm(cfg.embed_dim) if cfg.normalize_before else None
 
-    def forward(self, src_tokens: Tensor) -> EncoderOut:
-        """src_tokens [B,S] (right-padded) -> EncoderOut."""
+    def forward(self, src_tokens: Tensor, padded: bool | None = None) -> EncoderOut:
+        """src_tokens [B,S] (right-padded) -> EncoderOut; `padded`: see Transformer.encode."""
         padding_mask = src_tokens.eq(self.pad_id)  # [B,S]
         x = self.embed_scale * self.embed_tokens(src_tokens)  # [B,S,D]
         x = x + self.embed_positions(0, src_tokens.size(1))  # [S,D] broadcast over B
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.kernels.dropout(x, self.dropout, self.training)
-        mask = self.kernels.attention_mask(padding_mask)  # [B,1,1,S] | None
+        mask = self.kernels.attention_mask(padding_mask, padded)  # [B,1,1,S] | None
         for layer in self.layers:
             x = layer(x, mask)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        return EncoderOut(x, padding_mask)
+        return EncoderOut(x, padding_mask, padded)
 
 
 class TransformerDecoder(nn.Module):
@@ -135,10 +137,10 @@ class TransformerDecoder(nn.Module):
         x = self.kernels.dropout(x, self.dropout, self.training)
 
         if cache is None:
-            enc_mask = self.kernels.attention_mask(enc.padding_mask)
+            enc_mask = self.kernels.attention_mask(enc.padding_mask, enc.padded)
         else:
             if not cache.has_encoder_kv:
-                cache.enc_mask = self.kernels.attention_mask(enc.padding_mask)
+                cache.enc_mask = self.kernels.attention_mask(enc.padding_mask, enc.padded)
             enc_mask = cache.enc_mask
         want = self._attn_layer_index(attn_layer)
 
@@ -203,9 +205,15 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(cfg, src_embed, pad_id, self.kernels)
         self.decoder = TransformerDecoder(cfg, tgt_embed, pad_id, self.kernels)
 
-    def encode(self, src_tokens: Tensor) -> EncoderOut:
-        """src_tokens [B,S] right-padded with pad_id -> EncoderOut(out [B,S,D], padding_mask)."""
-        return self.encoder(src_tokens)
+    def encode(self, src_tokens: Tensor, padded: bool | None = None) -> EncoderOut:
+        """src_tokens [B,S] right-padded with pad_id -> EncoderOut(out [B,S,D], padding_mask).
+
+        `padded` says whether any row holds padding, when the caller knows it from the
+        host (the lengths): False lets attention run without a mask, so that SDPA may pick
+        its flash kernels, and on a GPU finding it out here would wait for the device.
+        None: unknown (the kernels check on a CPU, and mask on a GPU).
+        """
+        return self.encoder(src_tokens, padded)
 
     def decode(
         self,
@@ -227,12 +235,19 @@ class Transformer(nn.Module):
         return self.decoder(prev_tokens, enc, cache, attn_layer)
 
     def forward(
-        self, src_tokens: Tensor, prev_tokens: Tensor, features_only: bool = False
+        self,
+        src_tokens: Tensor,
+        prev_tokens: Tensor,
+        features_only: bool = False,
+        src_padded: bool | None = None,
     ) -> Tensor:
         """Training: src_tokens [B,S], prev_tokens [B,T] -> logits [B,T,V], or with
         features_only the decoder's last hidden states [B,T,D], which training feeds to
-        nmt.training.loss.output_layer_loss together with `output_weight`."""
-        out, _ = self.decoder(prev_tokens, self.encoder(src_tokens), features_only=features_only)
+        nmt.training.loss.output_layer_loss together with `output_weight`. `src_padded`:
+        `padded` of encode (the target side needs no mask: its attention is causal, and
+        padded positions are not in the loss)."""
+        enc = self.encoder(src_tokens, src_padded)
+        out, _ = self.decoder(prev_tokens, enc, features_only=features_only)
         return out
 
     @property

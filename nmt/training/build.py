@@ -23,6 +23,7 @@ from nmt.training.data import load_train_data
 from nmt.training.logging import TrainLogger
 from nmt.training.meter import TrainMeter
 from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
+from nmt.training.scaler import LossScaler
 from nmt.training.state import restore
 from nmt.training.trainer import Progress, Trainer
 
@@ -44,9 +45,7 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
     model = build_model(cfg, data.meta, rt.device, env.rank)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     scheduler = LRScheduler(optimizer, schedule_function(cfg.optim, cfg.max_update))
-    scaler = torch.amp.GradScaler(
-        rt.device.type, init_scale=cfg.fp16_init_scale, enabled=cfg.precision == "fp16"
-    )
+    scaler = LossScaler(cfg.fp16_init_scale, enabled=cfg.precision == "fp16")
     maximize = cfg.best_metric == "bleu"
     best = BestTracker(cfg.best_metric, maximize)
     checkpoints = CheckpointManager(
@@ -57,6 +56,8 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         maximize=maximize,
     )
     progress = Progress()
+    if env.is_distributed:  # every rank resumes, or none: save_dir must be shared
+        distributed.check_shared(checkpoints.last_path, env)
     restored = restore(
         cfg,
         data,

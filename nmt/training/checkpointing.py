@@ -21,7 +21,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -36,13 +36,29 @@ CONFIG = "config.yaml"  # the run's resolved config, written at each start
 _NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG training touches, as tensors and plain values (weights_only-loadable)."""
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+def _cuda_device(device: torch.device | None) -> torch.device | None:
+    """The CUDA device whose generator a process saves and restores: `device` when it is
+    one; with None, the current CUDA device once CUDA is in use; else None."""
+    if device is not None:
+        return device if device.type == "cuda" else None
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG training touches, as CPU tensors and plain values (weights_only-loadable).
+
+    Of the CUDA generators only `device`'s (this rank's GPU) is saved: a run resumed with
+    fewer GPUs visible, or with its ranks on other GPUs, restores each rank's own stream.
+    """
+    legacy_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = legacy_state
     py_version, py_state, py_gauss = random.getstate()
+    cuda = _cuda_device(device)
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": None if cuda is None else torch.cuda.get_rng_state(cuda),
         "numpy": {
             "kind": np_kind,
             "keys": torch.from_numpy(np_keys.astype(np.int64)),
@@ -58,16 +74,41 @@ def rng_state() -> dict[str, Any]:
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore what rng_state saved; the CUDA generator of `device` (see rng_state).
+
+    Generator states are byte tensors that torch accepts on the CPU only, so they are
+    copied there, whatever device the checkpoint was loaded to.
+    """
+    torch.set_rng_state(_host_bytes(state["torch"]))
+    cuda, saved = _cuda_device(device), state.get("cuda")
+    if isinstance(saved, (list, tuple)):  # older checkpoints: every visible GPU's, by index
+        index = 0 if cuda is None else (cuda.index or 0)
+        saved = saved[index] if index < len(saved) else None
+    if cuda is not None and saved is not None:
+        torch.cuda.set_rng_state(_host_bytes(saved), cuda)
     n = state["numpy"]
     np.random.set_state(
         (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"])
     )
     p = state["python"]
     random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
+
+
+def _host_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.to("cpu", torch.uint8)
+
+
+def host_copy(obj: Any) -> Any:
+    """`obj` with every tensor on the CPU: a GPU tensor is copied once (then checksummed
+    and serialised from that copy), a CPU tensor is itself."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {key: host_copy(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(host_copy(value) for value in obj)
+    return obj
 
 
 class BestTracker:
@@ -147,8 +188,11 @@ class CheckpointManager:
         numbered: bool,
         best_value: float | None,
     ) -> list[Path]:
-        """Write checkpoint_last (always), a numbered one, and best ones when best_value is set."""
-        save_checkpoint(state, self.last_path)
+        """Write checkpoint_last (always), a numbered one, and best ones when best_value is set.
+
+        `state`'s tensors may live on a GPU: they are copied to the host once, here.
+        """
+        save_checkpoint(host_copy(state), self.last_path)
         written = [self.last_path]
         try:
             if numbered:

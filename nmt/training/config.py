@@ -13,6 +13,8 @@ where it is used. This module imports no torch, so that composing a config stays
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -101,8 +103,11 @@ class TrainConfig:
     # --- where ---
     data: str = "data-bin/demo"  # data dir written by nmt-preprocess (meta.json inside)
     save_dir: str = "runs/demo"  # run dir: checkpoints, config.yaml, train.jsonl, tensorboard/
-    train_split: str = "train"  # split of the data dir to train on
+    # split of the data dir to train on, or several mixed with weights, {split: weight}:
+    # each epoch takes weight x size pairs of each (2 = every pair twice, 0.5 = a random half)
+    train_split: Any = "train"
     valid_split: str = "valid"  # split to validate on; "" = no validation
+    valid_max_pairs: int = 0  # validate on the first N pairs of valid_split; 0 = all
 
     # --- model and optimizer (config groups) ---
     model: ModelConfig = field(default_factory=ModelConfig)  # configs/model/<preset>.yaml
@@ -174,9 +179,10 @@ class TrainConfig:
                 "best_metric=bleu: needs the validation BLEU; set eval_bleu=true, or use "
                 "best_metric=loss"
             )
-        for key in ("data", "save_dir", "train_split"):
+        for key in ("data", "save_dir"):
             if not getattr(self, key):
                 raise NmtError(f"{setting(key, getattr(self, key))}: empty; name one")
+        self.train_weights()  # checks train_split
         at_least_one = {
             "max_tokens": "use e.g. 4096 (tokens per batch, padding included)",
             "update_freq": "use 1 for an update per batch",
@@ -188,6 +194,7 @@ class TrainConfig:
         zero_means = {
             "max_sentences": "no cap",
             "valid_max_tokens": "max_tokens",
+            "valid_max_pairs": "the whole valid split",
             "max_epoch": "no limit",
             "max_update": "no limit",
             "max_time": "no limit",
@@ -225,6 +232,54 @@ class TrainConfig:
         self.optim.validate()
         if self.optim.scheduler == "cosine":
             self.optim.decay_end(self.max_update)
+
+    def train_weights(self) -> dict[str, float]:
+        """`train_split` as {split: weight}; NmtError naming train_split if it cannot work."""
+        value = self.train_split
+        example = "give a split name (train_split=train) or splits with weights (train_split={train:1,clean:2})"
+        if isinstance(value, str):
+            if not value:
+                raise NmtError(
+                    "train_split='': empty; name one (train_split=train), or several with "
+                    "weights (train_split={train:1,clean:2})"
+                )
+            return {value: 1.0}
+        if not isinstance(value, Mapping) or not value:
+            raise NmtError(f"train_split={_shown(value)}: not a split name; {example}")
+        weights = {}
+        for split, weight in value.items():
+            if not isinstance(split, str) or not split:
+                raise NmtError(
+                    f"train_split={_shown(value)}: {split!r} is not a split name; {example}"
+                )
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise NmtError(
+                    f"train_split={_shown(value)}: the weight of {split} is not a number; {example}"
+                )
+            if not (math.isfinite(weight) and weight > 0):
+                raise NmtError(
+                    f"train_split={_shown(value)}: the weight of {split} must be positive; "
+                    "drop the split to leave it out"
+                )
+            weights[split] = float(weight)
+        return weights
+
+
+def _shown(value: Any) -> str:
+    """A train_split value as written on the command line: {a:1,b:2}."""
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_number(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _number(value: Any) -> str:
+    return (
+        f"{value:g}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else str(value)
+    )
 
 
 @dataclass

@@ -1,46 +1,85 @@
-"""What a training run reads from its data dir: meta.json, the tokenizers' bytes, the train
-split (size-filtered) and the valid split with its fixed batches.
+"""What a training run reads from its data dir: meta.json, the tokenizers' bytes, the
+training corpora (one split, or several mixed with weights; each possibly in shards) and
+the valid split with its fixed batches.
+
+Memory does not grow with the corpus beyond a few bytes a pair: the sentences stay in
+their memory-mapped files, lengths are read as uint8/uint16 arrays, and an epoch's batch
+list is two numpy arrays (nmt.data.batching.BatchList). A sharded split (nmt.data.join) is
+read one shard per epoch, in turn, as fairseq reads `data-bin/shard0:shard1`: epoch e
+trains on shard (e - 1) mod (number of shards) of each corpus.
+
+Several corpora (`train_split={noisy: 1, clean: 2}`): each epoch takes `weight x size`
+pairs of each: a whole weight repeats every pair (2 = each pair twice), a fraction takes a
+random part drawn anew every epoch from (seed, epoch). The mix is in the run's config
+(config.yaml, the checkpoints' `config`), and the log names each corpus's share.
 
 Every problem with the data dir is an NmtError naming the file, split or key at fault.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nmt.data.batching import epoch_batches, filter_by_size, fixed_batches
-from nmt.data.dataset import PairDataset, load_pair_dataset
+from nmt.data.batching import (
+    BatchList,
+    epoch_batches,
+    filter_by_size,
+    fixed_batches,
+    index_dtype,
+)
+from nmt.data.dataset import ConcatSequences, PairDataset, load_pair_dataset, open_side
 from nmt.data.meta import DataMeta, load_meta
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.training.config import TrainConfig
 
 
+@dataclass(frozen=True)
+class TrainCorpus:
+    """One training split of the mix: its weight and its shards' file prefixes."""
+
+    split: str
+    weight: float
+    shards: list[str]
+
+    def shard_of(self, epoch: int) -> int:
+        return (epoch - 1) % len(self.shards)
+
+
 @dataclass
 class TrainData:
-    """The data of one run; `notes` are lines for the log (what the size filter dropped)."""
+    """The data of one run; `notes` are lines for the log (the mix, what the size filter
+    dropped). `train` and `train_indices` are the current epoch's (see `epoch_batches`)."""
 
     meta: DataMeta
     tokenizer_bytes: dict[str, bytes]  # {"src": ..., "tgt": ...}: SentencePiece models
-    train: PairDataset
-    train_indices: np.ndarray  # the train pairs that fit the model and max_tokens
+    corpora: list[TrainCorpus]
+    train: PairDataset  # the corpora (their shards of the current epoch) end to end
+    train_indices: np.ndarray | None  # its pairs that fit the model and max_tokens; None: all
     valid: PairDataset | None  # None: validation is off
-    valid_batches: list[np.ndarray]  # the valid split in fixed batches (all ranks' shares)
+    valid_batches: BatchList | list[np.ndarray]  # the valid split in fixed batches
     bleu_indices: np.ndarray  # the valid pairs decoded for BLEU
     max_tokens: int
     max_sentences: int
     seed: int
+    max_positions: tuple[int, int]  # the model's (source, target) positions
+    data_dir: str = ""
     notes: list[str] = field(default_factory=list)
+    _epoch_shards: tuple[int, ...] = ()
+    _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     _tgt_tokenizer: Any = field(default=None, repr=False)
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The seeded batch list of `epoch` (the same on every rank)."""
+    def epoch_batches(self, epoch: int) -> BatchList:
+        """The seeded batch list of `epoch` (the same on every rank); loads the epoch's
+        shards first, so that `train` is what the batches index."""
+        self.load_epoch(epoch)
         return epoch_batches(
-            self.train_indices,
+            self.mixed_indices(epoch),
             self.train.src_sizes,
             self.train.tgt_sizes,
             max_tokens=self.max_tokens,
@@ -48,6 +87,66 @@ class TrainData:
             seed=self.seed,
             epoch=epoch,
         )
+
+    def load_epoch(self, epoch: int) -> None:
+        """Open the shards `epoch` trains on (nothing to do when they are open already)."""
+        shards = tuple(c.shard_of(epoch) for c in self.corpora)
+        if shards == self._epoch_shards:
+            return
+        meta = self.meta
+        sides: list[list[Any]] = [[], []]
+        for corpus, k in zip(self.corpora, shards):
+            for side, lang in zip(sides, (meta.src_lang, meta.tgt_lang)):
+                side.append(open_side(self.data_dir, corpus.shards[k], lang, corpus.split))
+        src, tgt = (s[0] if len(s) == 1 else ConcatSequences(s) for s in sides)
+        name = "+".join(
+            c.split + (f"[shard {k + 1}/{len(c.shards)}]" if len(c.shards) > 1 else "")
+            for c, k in zip(self.corpora, shards)
+        )
+        self.train = PairDataset(src, tgt, name=f"{self.data_dir}/{name}")
+        self._offsets = np.cumsum([0] + [len(s) for s in sides[0]])
+        self.train_indices, notes = _filter_train(self.train, self.max_tokens, self.max_positions)
+        self._epoch_shards = shards
+        if not self.notes:  # the first epoch's figures go to the log
+            self.notes += notes + self._mix_notes()
+
+    def mixed_indices(self, epoch: int) -> np.ndarray | None:
+        """The pairs of `epoch`, each corpus repeated by its weight (None: every pair once)."""
+        if all(c.weight == 1.0 for c in self.corpora):
+            return self.train_indices
+        n = len(self.train)
+        usable = np.arange(n, dtype=index_dtype(n)) if self.train_indices is None else None
+        parts = []
+        for c, corpus in enumerate(self.corpora):
+            lo, hi = int(self._offsets[c]), int(self._offsets[c + 1])
+            if usable is not None:
+                mine = usable[lo:hi]
+            else:
+                kept = self.train_indices
+                assert kept is not None
+                mine = kept[np.searchsorted(kept, lo) : np.searchsorted(kept, hi)]
+            whole = math.floor(corpus.weight)
+            parts += [mine] * whole
+            extra = round((corpus.weight - whole) * len(mine))
+            if extra:  # a random part, drawn anew each epoch
+                rng = np.random.default_rng([self.seed, epoch, 1 + c])
+                parts.append(np.sort(rng.choice(mine, size=extra, replace=False)))
+        if not parts:
+            return np.zeros(0, dtype=index_dtype(n))
+        return np.concatenate(parts).astype(index_dtype(n), copy=False)
+
+    def _mix_notes(self) -> list[str]:
+        if len(self.corpora) == 1 and self.corpora[0].weight == 1.0:
+            count = len(self.corpora[0].shards)
+            return [f"train: {count} shards, one per epoch, in turn"] if count > 1 else []
+        parts = []
+        for c, corpus in enumerate(self.corpora):
+            n = int(self._offsets[c + 1] - self._offsets[c])
+            shards = f" ({len(corpus.shards)} shards, in turn)" if len(corpus.shards) > 1 else ""
+            parts.append(f"{corpus.split} {n} pairs x {corpus.weight:g}{shards}")
+        indices = self.mixed_indices(1)
+        total = len(self.train) if indices is None else len(indices)
+        return [f"train: mixing {', '.join(parts)}: {total} pairs in epoch 1"]
 
     def tgt_tokenizer(self):
         """The target Tokenizer (validation BLEU detokenizes with it), built on first use."""
@@ -71,8 +170,24 @@ class TrainData:
         }
 
 
-def load_train_data(cfg: TrainConfig) -> TrainData:
-    """Read `cfg.data`: check meta.json and the tokenizers, load and filter the splits."""
+class _NoSentences:
+    """The empty TokenSequences a TrainData holds until its first epoch is opened."""
+
+    sizes = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return 0
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        raise IndexError(i)
+
+
+_NO_SENTENCES = _NoSentences()
+
+
+def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
+    """Read `cfg.data`: check meta.json and the tokenizers, open the training corpora
+    (their shards of `epoch`) and the valid split."""
     meta = load_meta(cfg.data)
     meta_json = Path(cfg.data) / "meta.json"
     if meta.special_ids != SPECIAL_IDS:
@@ -90,26 +205,31 @@ def load_train_data(cfg: TrainConfig) -> TrainData:
                 f"{path}: cannot read the tokenizer named in {meta_json} "
                 f"({exc.strerror}); rebuild the data dir"
             ) from exc
-    if cfg.train_split not in meta.splits:
-        raise NmtError(
-            f"train_split={cfg.train_split}: {meta_json} has splits "
-            f"{sorted(meta.splits)}; choose one of them"
-        )
-    train = load_pair_dataset(cfg.data, cfg.train_split, meta.src_lang, meta.tgt_lang)
-    train_indices, notes = _filter_train(train, cfg)
+    corpora = []
+    for split, weight in cfg.train_weights().items():
+        if split not in meta.splits:
+            raise NmtError(
+                f"train_split={split}: {meta_json} has splits "
+                f"{sorted(meta.splits)}; choose one of them"
+            )
+        corpora.append(TrainCorpus(split, weight, meta.splits[split].shard_prefixes(split)))
+    m = cfg.model
     data = TrainData(
         meta=meta,
         tokenizer_bytes=tokenizer_bytes,
-        train=train,
-        train_indices=train_indices,
+        corpora=corpora,
+        train=PairDataset(_NO_SENTENCES, _NO_SENTENCES),  # opened by load_epoch
+        train_indices=None,
         valid=None,
         valid_batches=[],
         bleu_indices=np.zeros(0, dtype=np.int64),
         max_tokens=cfg.max_tokens,
         max_sentences=cfg.max_sentences,
         seed=cfg.seed,
-        notes=notes,
+        max_positions=(m.max_source_positions, m.max_target_positions),
+        data_dir=str(cfg.data),
     )
+    data.load_epoch(epoch)
     if cfg.valid_split and cfg.valid_split in meta.splits:
         _load_valid(data, cfg)
     elif cfg.valid_split:
@@ -119,27 +239,28 @@ def load_train_data(cfg: TrainConfig) -> TrainData:
     return data
 
 
-def _filter_train(train: PairDataset, cfg: TrainConfig) -> tuple[np.ndarray, list[str]]:
-    """The train pairs that fit the model's positions and max_tokens, and notes on the rest."""
-    m = cfg.model
+def _filter_train(
+    train: PairDataset, max_tokens: int, max_positions: tuple[int, int]
+) -> tuple[np.ndarray | None, list[str]]:
+    """The train pairs that fit the model's positions and max_tokens (None: all), and
+    notes on the rest."""
+    src_max, tgt_max = max_positions
     kept = filter_by_size(
         train.src_sizes,
         train.tgt_sizes,
-        max_source_positions=m.max_source_positions,
-        max_target_positions=m.max_target_positions,
-        max_tokens=cfg.max_tokens,
+        max_source_positions=src_max,
+        max_target_positions=tgt_max,
+        max_tokens=max_tokens,
     )
-    notes = [f"train: {len(kept.kept)} of {len(train)} sentence pairs of {train.name}"]
+    notes = [f"train: {kept.count(len(train))} of {len(train)} sentence pairs of {train.name}"]
     if kept.too_long:
         notes.append(
             f"train: skipped {kept.too_long} pairs longer than the model's "
-            f"positions ({m.max_source_positions}/{m.max_target_positions})"
+            f"positions ({src_max}/{tgt_max})"
         )
     if kept.over_budget:
-        notes.append(
-            f"train: skipped {kept.over_budget} pairs longer than max_tokens={cfg.max_tokens}"
-        )
-    if len(kept.kept) == 0:
+        notes.append(f"train: skipped {kept.over_budget} pairs longer than max_tokens={max_tokens}")
+    if kept.count(len(train)) == 0:
         raise NmtError(
             f"{train.name}: no usable training pairs (all longer than "
             "the model's positions or max_tokens); raise max_tokens or the positions"
@@ -148,9 +269,18 @@ def _filter_train(train: PairDataset, cfg: TrainConfig) -> tuple[np.ndarray, lis
 
 
 def _load_valid(data: TrainData, cfg: TrainConfig) -> None:
-    """The valid split must fit the model whole: its line numbers are the raw file's."""
+    """The valid split (its first valid_max_pairs pairs) must fit the model whole: its line
+    numbers are the raw file's."""
     m = cfg.model
-    valid = load_pair_dataset(cfg.data, cfg.valid_split, data.meta.src_lang, data.meta.tgt_lang)
+    info = data.meta.splits[cfg.valid_split]
+    valid = load_pair_dataset(
+        cfg.data,
+        cfg.valid_split,
+        data.meta.src_lang,
+        data.meta.tgt_lang,
+        shards=info.shards,
+        limit=cfg.valid_max_pairs or None,
+    )
     too_long = (valid.src_sizes > m.max_source_positions) | (
         valid.tgt_sizes > m.max_target_positions
     )
@@ -161,6 +291,11 @@ def _load_valid(data: TrainData, cfg: TrainConfig) -> None:
             f"are longer than the model's positions ({m.max_source_positions}/"
             f"{m.max_target_positions}); raise model.max_*_positions or filter "
             "the valid set in nmt-preprocess"
+        )
+    if cfg.valid_max_pairs and info.kept > cfg.valid_max_pairs:
+        data.notes.append(
+            f"valid: the first {len(valid)} of {info.kept} pairs of {cfg.valid_split} "
+            f"(valid_max_pairs={cfg.valid_max_pairs})"
         )
     indices = np.arange(len(valid), dtype=np.int64)
     data.valid = valid

@@ -10,7 +10,6 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
 from nmt import distributed
@@ -65,9 +64,12 @@ class StopSignals:
 
 def run(t: Trainer) -> TrainResult:
     """Train until a stopping rule fires; always leaves a resumable checkpoint_last.pt."""
+    finished = False
     try:
         with StopSignals(t.logger.message) as signals:
-            return _train(t, signals)
+            result = _train(t, signals)
+        finished = True
+        return result
     except Exception as exc:
         if t.env.is_distributed and distributed.is_collective_failure(exc):
             where = f"near update {t.progress.num_updates + 1}"
@@ -75,7 +77,12 @@ def run(t: Trainer) -> TrainResult:
         raise
     finally:
         t.logger.close()
-        distributed.destroy_process_group()
+        # DDP's reducer holds the process group: release it first, so that nothing of the
+        # group outlives destroy_process_group (to be torn down at interpreter exit, while
+        # the peers' connections close). After a clean end, wait for every rank before
+        # leaving the job; after a failure, for nobody (a peer may be gone).
+        t.ddp = None
+        distributed.destroy_process_group(wait_for_peers=finished)
 
 
 def prepare_run_dir(t: Trainer) -> None:
@@ -203,13 +210,13 @@ def after_update(
 
 
 def _agree_to_stop(t: Trainer, signals: StopSignals) -> tuple[bool, bool]:
-    """(signal seen, time up), agreed by all ranks so that they stop at the same update."""
+    """(signal seen, time up), agreed by all ranks so that they stop at the same update
+    (on the host: the GPUs keep their queues of work)."""
     time_up = bool(t.cfg.max_time) and t.training_seconds() / 3600.0 >= t.cfg.max_time
     if not t.env.is_distributed:
         return signals.received is not None, time_up
-    flags = torch.tensor([float(signals.received is not None), float(time_up)], device=t.device)
-    distributed.all_reduce_max(flags)
-    got_signal, time_up = (bool(v) for v in flags.tolist())
+    flags = distributed.all_reduce_host([int(signals.received is not None), int(time_up)], "max")
+    got_signal, time_up = bool(flags[0]), bool(flags[1])
     if got_signal and signals.received is None:
         signals.received = int(signal.SIGTERM)  # another rank got it
     return got_signal, time_up
@@ -219,6 +226,6 @@ def log_train(t: Trainer, epoch: int) -> None:
     """The figures since the last log line, to every log channel (a collective)."""
     metrics: dict[str, float] = t.meter.summary()
     metrics["wall"] = round(t.training_seconds(), 1)
-    if t.scaler.is_enabled():
-        metrics["loss_scale"] = float(t.scaler.get_scale())
+    if t.scaler.enabled:
+        metrics["loss_scale"] = t.scaler.scale
     t.logger.train(t.progress.num_updates, epoch, metrics)

@@ -19,6 +19,7 @@ to the kernel on every free and were page-faulted in again on every step.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -66,9 +67,31 @@ def perplexity(nll_base2: float) -> float:
     return 2.0 ** min(nll_base2, 100.0)
 
 
-# Target positions per block in output_layer_loss: a [rows, V] fp32 block stays near
-# 16 MB for an 8k vocabulary, small enough for malloc to reuse instead of mmap afresh.
+# Elements of a [rows, V] logits block in output_layer_loss. On a CPU a block stays near
+# 16 MB for an 8k vocabulary, small enough for malloc to reuse instead of mmap afresh. On a
+# GPU each block costs a dozen kernel launches, so blocks are as large as memory allows
+# comfortably (2048 rows of a 32k vocabulary: ~13 blocks for a 25k-token batch, not ~200).
 BLOCK_ELEMENTS = 4 * 1024 * 1024
+GPU_BLOCK_ELEMENTS = 64 * 1024 * 1024
+
+
+def block_elements_for(device: torch.device) -> int:
+    """The block size of output_layer_loss on `device`: BLOCK_ELEMENTS on a CPU; on a GPU
+    GPU_BLOCK_ELEMENTS, or less on a small GPU (a block and its fp32 copy stay under
+    1/128 of its memory)."""
+    if device.type != "cuda":
+        return BLOCK_ELEMENTS
+    total = torch.cuda.get_device_properties(device).total_memory  # bytes; cached by torch
+    return max(BLOCK_ELEMENTS, min(GPU_BLOCK_ELEMENTS, total // (128 * 6)))
+
+
+def real_positions(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """[N] flat indices of the non-pad positions of target [B,T], for output_layer_loss.
+
+    Call it on the batch's host copy before it moves to a GPU: finding them on the GPU
+    would make the host wait for the device (the number of positions sets a shape).
+    """
+    return (target.reshape(-1) != ignore_index).nonzero().squeeze(1)
 
 
 def output_layer_loss(
@@ -77,7 +100,10 @@ def output_layer_loss(
     target: torch.Tensor,
     epsilon: float,
     ignore_index: int,
-    block_elements: int = BLOCK_ELEMENTS,
+    block_elements: int | None = None,
+    *,
+    positions: torch.Tensor | None = None,
+    grad_scale: float = 1.0,
 ) -> LossOutput:
     """The output projection and label_smoothed_nll_loss in one pass over blocks of rows.
 
@@ -86,17 +112,29 @@ def output_layer_loss(
     label_smoothed_nll_loss(features @ weight.T, ...), with gradients for features and
     weight, computed under autocast in its dtype as the plain output layer would be.
     Padding positions are dropped before the projection, so they cost nothing.
+
+    `positions` [N] (on features' device): the flat indices of the non-pad positions,
+    from `real_positions` on the host; without them they are found here, which on a GPU
+    waits for the device. `block_elements`: see block_elements_for (the default).
+    `grad_scale`: the factor the loss's gradient will arrive with in backward (fp16's
+    loss scale): the logits' gradient is multiplied by it before it is rounded to fp16,
+    so that small probabilities do not underflow, and divided back in backward.
     """
     dim = features.size(-1)
-    keep = target.reshape(-1) != ignore_index  # [B*T]
-    hidden = features.reshape(-1, dim)[keep]  # [N,D] the real target positions
-    gold = target.reshape(-1)[keep]  # [N]
+    flat_target = target.reshape(-1)  # [B*T]
+    if positions is None:
+        positions = (flat_target != ignore_index).nonzero().squeeze(1)  # [N]
+    hidden = features.reshape(-1, dim).index_select(0, positions)  # [N,D] real positions
+    gold = flat_target.index_select(0, positions)  # [N]
     device = features.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else weight.dtype
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if block_elements is None:
+        block_elements = block_elements_for(features.device)
     rows = max(1, block_elements // weight.size(0))
     loss, nll = _OutputLayerCrossEntropy.apply(
-        hidden, weight, gold, epsilon, dtype, rows, want_grad
+        hidden, weight, gold, epsilon, dtype, rows, want_grad, float(grad_scale)
     )
     return LossOutput(loss=loss, nll=nll)
 
@@ -108,15 +146,21 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
     logits are at hand; backward only scales them. With p = softmax(z) and
     eps_i = eps / (V - 1), the loss's gradient for logits z of a row with gold token g is
     p - eps_i - (1 - eps - eps_i) * onehot(g) (the p terms of nll and smoothing add up
-    to exactly p).
+    to exactly p). It is kept multiplied by `grad_scale`, which backward divides out.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, gold, epsilon, dtype, rows, want_grad):
+    def forward(ctx, hidden, weight, gold, epsilon, dtype, rows, want_grad, grad_scale):
         vocab = weight.size(0)
         eps_i = epsilon / (vocab - 1)
         gold_weight = 1.0 - epsilon - eps_i
-        with torch.autocast(hidden.device.type, enabled=False):
+        device = hidden.device.type
+        no_autocast = (
+            torch.autocast(device, enabled=False)
+            if torch.amp.is_autocast_available(device)
+            else nullcontext()
+        )
+        with no_autocast:
             w = weight.to(dtype)  # [V,D]
             h = hidden.to(dtype)  # [N,D]
             nll = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -162,11 +206,15 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
                 if epsilon:
                     smooth += vocab * (lse - top).sum()
                 if want_grad:
-                    grad_z = e.mul_(total.reciprocal())  # p, in place of z
+                    # p (times grad_scale), in place of z; scaled before any cast to fp16
+                    inverse = total.reciprocal() if grad_scale == 1.0 else grad_scale / total
+                    grad_z = e.mul_(inverse)
                     if eps_i:
-                        grad_z.sub_(eps_i)
+                        grad_z.sub_(eps_i * grad_scale)
                     grad_z.scatter_add_(
-                        1, g_blk, torch.full(g_blk.shape, -gold_weight, device=z.device)
+                        1,
+                        g_blk,
+                        torch.full(g_blk.shape, -gold_weight * grad_scale, device=z.device),
                     )
                     if dtype != torch.float32:  # back into the logits' buffer, now free
                         grad_z = logits.copy_(grad_z)
@@ -180,15 +228,19 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.grad_scale = grad_scale
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss, grad_nll):
         grad_h, grad_w = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
+        if ctx.grad_scale != 1.0:
+            grad_loss = grad_loss / ctx.grad_scale
         return (
             (grad_h * grad_loss).to(h_dtype),
             (grad_w * grad_loss).to(w_dtype),
+            None,
             None,
             None,
             None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 
@@ -54,13 +55,19 @@ def fixed_lr(step: int, *, lr: float, warmup_updates: int, warmup_init_lr: float
 def schedule_function(cfg: OptimConfig, max_update: int) -> Callable[[int], float]:
     """The configured schedule as a function of the number of updates done."""
     cfg.validate()
-    common = dict(lr=cfg.lr, warmup_updates=cfg.warmup_updates, warmup_init_lr=cfg.warmup_init_lr)
+    lr, warmup, init = cfg.lr, cfg.warmup_updates, cfg.warmup_init_lr
     if cfg.scheduler == "inverse_sqrt":
-        return lambda step: inverse_sqrt_lr(step, **common)
+        return partial(inverse_sqrt_lr, lr=lr, warmup_updates=warmup, warmup_init_lr=init)
     if cfg.scheduler == "fixed":
-        return lambda step: fixed_lr(step, **common)
-    decay = cfg.decay_end(max_update)
-    return lambda step: cosine_lr(step, decay_updates=decay, min_lr=cfg.min_lr, **common)
+        return partial(fixed_lr, lr=lr, warmup_updates=warmup, warmup_init_lr=init)
+    return partial(
+        cosine_lr,
+        lr=lr,
+        warmup_updates=warmup,
+        warmup_init_lr=init,
+        decay_updates=cfg.decay_end(max_update),
+        min_lr=cfg.min_lr,
+    )
 
 
 class LRScheduler:

@@ -21,6 +21,7 @@ from nmt.training.checkpointing import BestTracker, rng_state, set_rng_state
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
 from nmt.training.optim import LRScheduler
+from nmt.training.scaler import LossScaler
 
 if TYPE_CHECKING:
     from nmt.training.trainer import Progress, Trainer
@@ -41,7 +42,7 @@ def checkpoint(t: Trainer) -> dict[str, Any]:
         "optimizer": t.optimizer.state_dict(),
         "lr_scheduler": t.scheduler.state_dict(),
         "scaler": t.scaler.state_dict(),
-        "rng": distributed.all_gather_objects(rng_state()),  # one entry per rank
+        "rng": distributed.all_gather_objects(rng_state(t.device)),  # one entry per rank
         "best": t.best.state_dict(),
         "elapsed": t.training_seconds(),
         "world_size": t.env.world_size,
@@ -93,7 +94,7 @@ def restore(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler,
-    scaler: torch.amp.GradScaler,
+    scaler: LossScaler,
     best: BestTracker,
     progress: Progress,
     rank: int,
@@ -101,8 +102,10 @@ def restore(
 ) -> str | None:
     """Resume from `last` (checkpoint_last.pt) when it exists, else start from
     finetune_from's weights when set; returns a line for the log, or None for a fresh run."""
+    # Loaded to the CPU whatever the device: load_state_dict copies the weights (and the
+    # optimizer its state) to the parameters' device, and RNG states must be CPU tensors.
     if last.exists():
-        ckpt = load_checkpoint(last, map_location=device)
+        ckpt = load_checkpoint(last, map_location="cpu")
         check_compatible(
             ckpt, last, "use the same settings to resume, or another save_dir", cfg, data
         )
@@ -113,14 +116,16 @@ def restore(
                 f"save_dir with finetune_from={last}"
             )
         model.load_state_dict(ckpt["model"])
-        load_train_state(train_state, cfg, optimizer, scheduler, scaler, best, progress, rank)
+        load_train_state(
+            train_state, cfg, optimizer, scheduler, scaler, best, progress, rank, device
+        )
         return (
             f"resumed from {last} at update {progress.num_updates} "
             f"(epoch {progress.epoch}, batch {progress.position})"
         )
     if cfg.finetune_from:
         path = Path(cfg.finetune_from)
-        ckpt = load_checkpoint(path, map_location=device)
+        ckpt = load_checkpoint(path, map_location="cpu")
         check_compatible(ckpt, path, "finetune with the same model and vocabulary", cfg, data)
         model.load_state_dict(ckpt["model"])
         return f"starting from the weights of {path} (fresh optimizer and counters)"
@@ -132,12 +137,14 @@ def load_train_state(
     cfg: TrainConfig,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler,
-    scaler: torch.amp.GradScaler,
+    scaler: LossScaler,
     best: BestTracker,
     progress: Progress,
     rank: int,
+    device: torch.device,
 ) -> None:
-    """Counters, optimizer, schedule, scaler, patience and RNGs, minus what cfg resets."""
+    """Counters, optimizer, schedule, scaler, patience and RNGs, minus what cfg resets;
+    `device` is this rank's (its CUDA generator is restored)."""
     progress.num_updates = int(state["num_updates"])
     progress.elapsed = float(state.get("elapsed", 0.0))
     if not cfg.reset_optimizer:
@@ -146,7 +153,7 @@ def load_train_state(
             group.update(
                 betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
             )
-        if scaler.is_enabled() and state.get("scaler"):
+        if state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
     if cfg.reset_lr_scheduler:
         scheduler.restart(progress.num_updates)
@@ -157,7 +164,7 @@ def load_train_state(
         progress.position = int(state["position"])
     best.load_state_dict(state["best"])
     rngs = state["rng"]
-    set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0])
+    set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0], device)
 
 
 def numbered_due(cfg: TrainConfig, update: int, end_of_epoch: bool) -> bool:

@@ -29,6 +29,7 @@ from nmt.training.logging import TrainLogger
 from nmt.training.loop import TrainResult
 from nmt.training.meter import TrainMeter
 from nmt.training.optim import LRScheduler
+from nmt.training.scaler import LossScaler
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Trainer:
     ddp: torch.nn.parallel.DistributedDataParallel | None  # wraps `model` under torchrun
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
-    scaler: torch.amp.GradScaler  # a no-op unless precision=fp16
+    scaler: LossScaler  # fp16's loss scale; a constant 1 otherwise
     best: BestTracker
     checkpoints: CheckpointManager
     progress: Progress

@@ -22,6 +22,7 @@ from nmt.data.vocab import EOS, PAD
 from nmt.distributed import DistEnv
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator
+from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime
 from nmt.scoring import corpus_bleu
 from nmt.training.config import TrainConfig
@@ -30,7 +31,7 @@ from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
 
 
 def evaluate(
-    model: torch.nn.Module, data: TrainData, cfg: TrainConfig, runtime: Runtime, env: DistEnv
+    model: Transformer, data: TrainData, cfg: TrainConfig, runtime: Runtime, env: DistEnv
 ) -> dict[str, Any]:
     """Valid loss/nll/ppl, and BLEU with its signature when cfg.eval_bleu; each rank takes
     its share of the valid batches and the figures are reduced over ranks. The model is
@@ -68,7 +69,7 @@ def evaluate(
 
 
 def decode_for_validation(
-    model: torch.nn.Module, batch: Batch, *, beam: int, len_a: float, len_b: int
+    model: Transformer, batch: Batch, *, beam: int, len_a: float, len_b: int
 ) -> list[list[int]]:
     """The one place validation chooses its search: nmt-generate's beam search (beam 1 =
     greedy) with fairseq's length limit len_a * source length + len_b. Target ids per
@@ -82,7 +83,7 @@ def decode_for_validation(
 
 @torch.no_grad()
 def valid_loss(
-    model: torch.nn.Module,
+    model: Transformer,
     dataset: PairDataset,
     batches: list[np.ndarray],
     *,
@@ -118,7 +119,7 @@ def valid_loss(
 
 @torch.no_grad()
 def valid_bleu(
-    model: torch.nn.Module,
+    model: Transformer,
     dataset: PairDataset,
     indices: np.ndarray,
     tgt_tokenizer,
@@ -141,7 +142,7 @@ def valid_bleu(
             hyps = decode_for_validation(model, batch, beam=beam, len_a=len_a, len_b=len_b)
         mine.extend((int(i), tgt_tokenizer.decode(h)) for i, h in zip(idx, hyps))
     gathered = sorted(pair for part in distributed.all_gather_objects(mine) for pair in part)
-    hyps = [text for _, text in gathered]
+    texts = [text for _, text in gathered]
     refs = [tgt_tokenizer.decode(dataset.tgt[i].tolist()) for i, _ in gathered]
-    result = corpus_bleu(hyps, [refs])
+    result = corpus_bleu(texts, [refs])
     return result.score, result.signature

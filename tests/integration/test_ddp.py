@@ -15,9 +15,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import NO_DROPOUT, last_params, run_training, tiny_config
 
+from nmt.checkpoint import load_checkpoint
 from nmt.distributed import DistEnv, env_from_environ
+from nmt.model.transformer import Transformer
 from nmt.training import build_training
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
@@ -107,6 +110,77 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
         tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)
     ).model.state_dict()
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
+
+
+def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
+    demo_data_dir, tmp_path, monkeypatch
+):
+    """Rank 1 runs out of memory in update 3 (an injected allocation failure in its
+    forward): it still joins the gradient all-reduce, both ranks skip update 3 and go on,
+    and the run equals one process with update_freq=2 whose update 3 ran out of memory."""
+    common = dict(max_update=6, clip_norm=0.5)
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        import os
+        import torch
+        from pathlib import Path
+        from helpers import NO_DROPOUT, run_training, tiny_config
+        from nmt.model.transformer import Transformer
+
+        if os.environ["RANK"] == "1":
+            real_forward, calls = Transformer.forward, []
+            def forward(self, *args, **kwargs):
+                calls.append(1)
+                if len(calls) == 3:  # update 3: one micro-batch per update
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+                return real_forward(self, *args, **kwargs)
+            Transformer.forward = forward
+        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
+                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(worker)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    real_forward, calls = Transformer.forward, []
+
+    def forward(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:  # update 3's second batch: the one rank 1 ran
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "forward", forward)
+    run_training(
+        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
+    )
+    ooms = {
+        run: [
+            (e["update"], e["skipped_total"]) for e in _events(tmp_path / run) if e["type"] == "oom"
+        ]
+        for run in ("ddp", "single")
+    }
+    assert ooms == {"ddp": [(3, 1)], "single": [(3, 1)]}
+    assert [e["ranks"] for e in _events(tmp_path / "ddp") if e["type"] == "oom"] == [1]
+    ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
+    assert max(float((ddp[k] - single[k]).abs().max()) for k in ddp) <= 1e-6
+    states = [
+        load_checkpoint(tmp_path / run / "checkpoint_last.pt")["train_state"]
+        for run in ("ddp", "single")
+    ]
+    # 6 updates made and 1 skipped: the same batches consumed in both runs
+    assert states[0]["num_updates"] == states[1]["num_updates"] == 6
+    assert (states[0]["epoch"], states[0]["position"]) == (
+        states[1]["epoch"],
+        states[1]["position"],
+    )
 
 
 def start_ranks_with_a_faulty_rank_1(

@@ -40,6 +40,13 @@ def test_demo_pipeline_runs_and_ends_with_bleu(tmp_path):
     bleu = [line for line in last if line.startswith("BLEU|nrefs:1|")]
     assert len(bleu) == 1 and "version:" in bleu[0]
     assert "translated 500 sentences" in proc.stderr
+    # The Python API on the demo's checkpoint gives nmt-generate's translations, line for line
+    from nmt import Translator
+
+    translator = Translator.from_checkpoint(
+        work / "checkpoint_best.pt", device="cpu", threads=1, beam=1, max_len_a=1.5, max_len_b=10
+    )
+    assert translator.translate(tests) == hyps
     # Running again replaces the demo's own directory; a foreign directory is refused.
     foreign = tmp_path / "mine"
     foreign.mkdir()

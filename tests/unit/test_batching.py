@@ -113,3 +113,107 @@ def test_pair_dataset_checks_alignment():
     assert [p[1].tolist() for p in ds.pairs([1, 0])] == [[5, 6, 7], [4]]
     with pytest.raises(NmtError, match="source but"):
         PairDataset(_Seqs([[1]]), _Seqs([[1], [2]]), name="x/train")
+
+
+# --- at scale: the vectorized batching against the plain greedy definition ---
+
+
+def _greedy_pack(order, lengths, max_tokens, max_sentences=0):
+    """pack's definition, one pair at a time (the loop the vectorized packer replaces)."""
+    batches, start, longest = [], 0, 0
+    for pos, length in enumerate(lengths[order].tolist()):
+        count = pos - start + 1
+        longest_if_added = max(longest, length)
+        too_big = count * longest_if_added > max_tokens or (max_sentences and count > max_sentences)
+        if too_big and pos > start:
+            batches.append(order[start:pos].tolist())
+            start, longest_if_added = pos, length
+        longest = longest_if_added
+    if start < len(order):
+        batches.append(order[start:].tolist())
+    return batches
+
+
+def _random_case(rng):
+    n = int(rng.integers(0, 2000))
+    top = int(rng.choice([5, 60, 300, 3000]))  # 3000: the lexsort fallback
+    src = rng.integers(1, top, n).astype(np.uint16)
+    tgt = np.clip(src.astype(np.int64) + rng.integers(-5, 6, n), 1, None).astype(np.uint16)
+    indices = None
+    if n and rng.random() < 0.5:  # a size-filtered subset, with repeats (corpus weights)
+        indices = np.sort(rng.choice(n, n // 2, replace=False))
+        indices = np.concatenate([indices, indices[: len(indices) // 3]])
+    budget = dict(
+        max_tokens=int(rng.choice([10, 100, 300, 4096])), max_sentences=int(rng.choice([0, 1, 7]))
+    )
+    return src, tgt, indices, budget
+
+
+def _keys(order, src, tgt):
+    s, t = src[order].astype(np.int64), tgt[order].astype(np.int64)
+    return np.maximum(s, t) * 10**8 + t * 10**4 + s
+
+
+def test_validation_batches_equal_the_stable_sort_and_greedy_pack():
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        src, tgt, indices, budget = _random_case(rng)
+        items = np.arange(len(src)) if indices is None else indices
+        expected_order = items[np.argsort(_keys(items, src, tgt), kind="stable")]
+        expected = _greedy_pack(expected_order, np.maximum(src, tgt).astype(np.int64), **budget)
+        got = fixed_batches(indices, src, tgt, **budget)
+        assert [b.tolist() for b in got] == expected
+
+
+def test_epoch_batches_are_length_sorted_greedy_packs_of_every_pair():
+    rng = np.random.default_rng(1)
+    for epoch in range(60):
+        src, tgt, indices, budget = _random_case(rng)
+        items = np.arange(len(src)) if indices is None else indices
+        got = epoch_batches(indices, src, tgt, seed=3, epoch=epoch, **budget)
+        order = got.order
+        assert sorted(order.tolist()) == sorted(items.tolist())  # every pair (copy) once
+        assert (np.diff(_keys(order, src, tgt)) >= 0).all()  # sorted by (longer, tgt, src)
+        expected = _greedy_pack(order, np.maximum(src, tgt).astype(np.int64), **budget)
+        assert sorted(b.tolist() for b in got) == sorted(expected)  # packed greedily
+        assert len(got) == len(expected)
+
+
+def test_ties_are_shuffled_anew_each_epoch():
+    src = np.full(1000, 7, dtype=np.uint8)  # one length bucket: only the shuffle orders it
+    tgt = src.copy()
+    one, two = (
+        epoch_batches(None, src, tgt, max_tokens=70, max_sentences=0, seed=1, epoch=e)
+        for e in (1, 2)
+    )
+    assert one.order.tolist() != two.order.tolist()
+    assert one.order.tolist() != list(range(1000))
+    again = epoch_batches(None, src, tgt, max_tokens=70, max_sentences=0, seed=1, epoch=1)
+    assert [b.tolist() for b in again] == [b.tolist() for b in one]
+
+
+def test_pack_accepts_any_order():
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        n = int(rng.integers(0, 300))
+        lengths = rng.integers(0, 40, n)
+        order = rng.permutation(n)
+        if rng.random() < 0.5:
+            order = order[np.argsort(lengths[order], kind="stable")]  # the vectorized path
+        for max_tokens, max_sentences in ((50, 0), (200, 3)):
+            got = pack(order, lengths, max_tokens=max_tokens, max_sentences=max_sentences)
+            assert [b.tolist() for b in got] == _greedy_pack(
+                order, lengths, max_tokens, max_sentences
+            )
+
+
+def test_a_batch_list_indexes_and_slices_like_a_list():
+    src, tgt = _sizes()
+    batches = epoch_batches(None, src, tgt, max_tokens=300, max_sentences=0, seed=1, epoch=1)
+    as_list = list(batches)
+    assert len(as_list) == len(batches)
+    assert [b.tolist() for b in batches[2:9:3]] == [b.tolist() for b in as_list[2:9:3]]
+    assert batches[-1].tolist() == as_list[-1].tolist()
+    assert batches.order.dtype == np.int32  # half the memory of int64 indices
+    with pytest.raises(IndexError):
+        batches[len(batches)]

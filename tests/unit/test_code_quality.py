@@ -1,5 +1,5 @@
 """The code's own rules, checked on every test run (and so by CI): the layering of the
-packages, ruff's lint and format."""
+packages, ruff's lint and format, and mypy on nmt/."""
 
 from __future__ import annotations
 
@@ -51,14 +51,21 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     assert {"nmt.commands.generate", "hydra.utils"} <= set(_imports(bad))
 
 
-def _ruff() -> str:
-    found = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+def _tool(name: str) -> str:
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if found is None:
-        pytest.fail("ruff is not installed; run scripts/setup.sh (it installs the test extras)")
+        pytest.fail(f"{name} is not installed; run scripts/setup.sh (it installs the test extras)")
     return found
 
 
-@pytest.mark.parametrize("args", [["check"], ["format", "--check"]], ids=["lint", "format"])
-def test_ruff(args):
-    done = subprocess.run([_ruff(), *args, "."], cwd=REPO, capture_output=True, text=True)
+@pytest.mark.parametrize(
+    "command",
+    [["ruff", "check", "."], ["ruff", "format", "--check", "."], ["mypy"]],
+    ids=["ruff-lint", "ruff-format", "mypy"],
+)
+def test_lint_format_and_types(command):
+    """ruff with pyproject.toml's rules; mypy on nmt/ (pyproject.toml's [tool.mypy])."""
+    done = subprocess.run(
+        [_tool(command[0]), *command[1:]], cwd=REPO, capture_output=True, text=True
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -26,7 +26,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class _NoCache:
     length = 0
 
-    def reorder(self, index: torch.Tensor, encoder_rows: torch.Tensor | None = None) -> None:
+    def reorder(
+        self,
+        index: torch.Tensor,
+        encoder_rows: torch.Tensor | None = None,
+        *,
+        groups_kept: bool | None = None,
+    ) -> None:
         pass
 
 
@@ -45,8 +51,8 @@ class Markov(nn.Module):
         self.cfg = SimpleNamespace(max_target_positions=64)
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the model a device
 
-    def encode(self, src_tokens: torch.Tensor) -> EncoderOut:
-        return EncoderOut(torch.zeros(*src_tokens.shape, 1), src_tokens.eq(PAD))
+    def encode(self, src_tokens: torch.Tensor, padded: bool | None = None) -> EncoderOut:
+        return EncoderOut(torch.zeros(*src_tokens.shape, 1), src_tokens.eq(PAD), padded)
 
     def decode(self, prev_tokens, enc, cache=None, attn_layer=None):
         return self.logits[prev_tokens], None  # [B,T,V]

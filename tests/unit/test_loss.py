@@ -7,10 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from nmt.training.loss import (
+    BLOCK_ELEMENTS,
+    GPU_BLOCK_ELEMENTS,
+    block_elements_for,
     label_smoothed_nll_loss,
     output_layer_loss,
     per_token_base2,
     perplexity,
+    real_positions,
 )
 
 PAD = 1
@@ -221,3 +225,68 @@ def test_fused_output_layer_loss_without_gradients():
     expected = label_smoothed_nll_loss(features.detach() @ weight.detach().t(), target, 0.1, PAD)
     assert math.isclose(out.loss.item(), expected.loss.item(), rel_tol=1e-6)
     assert not out.loss.requires_grad
+
+
+def test_the_host_given_positions_give_the_same_loss_and_gradients():
+    """positions from real_positions (the host's copy of the batch, no device read) give
+    bitwise what finding the non-pad positions on the device gives."""
+    features, weight, target = _features()
+    found = _loss_and_grads(
+        lambda: output_layer_loss(features, weight, target, 0.1, PAD), features, weight
+    )
+    given = _loss_and_grads(
+        lambda: output_layer_loss(
+            features, weight, target, 0.1, PAD, positions=real_positions(target, PAD)
+        ),
+        features,
+        weight,
+    )
+    assert found[:2] == given[:2]
+    assert torch.equal(found[2], given[2]) and torch.equal(found[3], given[3])
+
+
+def test_fp16_logit_gradients_carry_the_loss_scale_before_rounding():
+    """fp16 (subnormals below 6e-8): a confident model's probabilities of ~1e-8 vanish if
+    the logits' gradient p - onehot is rounded to fp16 before the loss scale multiplies
+    it. With grad_scale the gradient of the weights' rows of those unlikely tokens keeps
+    fp16's precision (relative error ~1e-3, not ~1)."""
+    g = torch.Generator().manual_seed(3)
+    vocab, dim, n, scale = 64, 16, 24, 2.0**16
+    hidden = torch.randn(1, n, dim, generator=g) * 0.1
+    hidden[..., 0] = 4.0
+    weight = torch.randn(vocab, dim, generator=g) * 0.1
+    weight[5, 0] = 4.5  # token 5 (every target) is ~e**18 times likelier than the others
+    target = torch.full((1, n), 5)
+    features = hidden.clone().requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = output_layer_loss(features, w, target, 0.0, PAD, grad_scale=scale)
+    (out.loss * scale).backward()  # scaled, as fp16 training scales it
+    # float64 reference from the same fp16 logits (the fp16 matmul rounds them)
+    h16, w16 = hidden.reshape(n, dim).half(), weight.half()
+    p = torch.softmax(torch.mm(h16, w16.t()).double(), dim=-1)  # [n,V]
+    assert p[:, :5].max() < 1e-7  # below fp16's smallest normal number, 6.1e-5
+    dz = p - torch.nn.functional.one_hot(target.reshape(-1), vocab).double()
+    want = dz.t() @ h16.double()  # [V,D]
+    got = w.grad.double() / scale  # unscaled, as the loss scaler will
+    others = torch.arange(vocab) != 5
+    # (the gold row's p - 1 cancels in fp32 already, on any device; not fp16's doing)
+    assert (got[others] - want[others]).norm() / want[others].norm() < 1e-2
+
+
+def test_blocks_are_sized_for_the_device(monkeypatch):
+    """Few large blocks on a GPU (kernel launches), ~16 MB ones on a CPU (malloc reuse)."""
+    assert block_elements_for(torch.device("cpu")) == BLOCK_ELEMENTS
+    memory = {"total": 80 * 2**30}
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: type("Properties", (), {"total_memory": memory["total"]})(),
+    )
+    on_h100 = block_elements_for(torch.device("cuda", 0))
+    assert on_h100 == GPU_BLOCK_ELEMENTS
+    assert math.ceil(25_000 / (on_h100 // 32_768)) <= 13  # blocks of a 25k-token batch, 32k vocab
+    memory["total"] = 16 * 2**30
+    assert BLOCK_ELEMENTS < block_elements_for(torch.device("cuda", 0)) < GPU_BLOCK_ELEMENTS
+    memory["total"] = 2 * 2**30
+    assert block_elements_for(torch.device("cuda", 0)) == BLOCK_ELEMENTS

@@ -124,7 +124,7 @@ def test_share_all_embeddings_needs_a_joint_vocab():
         decoder_layers=1,
         share_all_embeddings=True,
     )
-    with pytest.raises(NmtError, match=r"model\.share_all_embeddings: .* 100 .* 120"):
+    with pytest.raises(NmtError, match=r"model\.share_all_embeddings=true: .* 100 .* 120"):
         Transformer(cfg, 100, 120)
 
 

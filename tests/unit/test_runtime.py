@@ -92,3 +92,66 @@ def test_seed_everything_makes_every_generator_repeat():
     first = (random.random(), np.random.rand(), torch.rand(1).item())
     runtime.seed_everything(7)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_each_rank_sees_its_own_single_gpu_as_cuda_0(monkeypatch):
+    """A launcher that sets CUDA_VISIBLE_DEVICES per rank (SLURM --gpus-per-task=1)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name in ("auto", "cuda"):
+        assert runtime.resolve_device(name, local_rank=3, distributed=True) == torch.device(
+            "cuda", 0
+        )
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(NmtError, match="LOCAL_RANK is 3 but only 2 CUDA devices are visible"):
+        runtime.resolve_device("auto", local_rank=3, distributed=True)
+
+
+def test_a_torchrun_rank_trains_on_the_gpu_of_its_local_rank(two_gpus, monkeypatch, tmp_path):
+    """torchrun's environment, simulated, through nmt.training.build_training: rank 3 of a
+    4-rank job on a node with 2 GPUs (LOCAL_RANK 1) takes cuda:1 for its runtime, its
+    process group and its current device."""
+    from helpers import tiny_config
+
+    from nmt import distributed
+    from nmt.training import build_training
+
+    for key, value in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1").items():
+        monkeypatch.setenv(key, value)
+    chosen = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.setdefault("current", d))
+
+    class Stop(Exception):
+        pass
+
+    def init_process_group(env, device, timeout_s):
+        chosen["group"] = device
+        raise Stop  # no real job to join: the device is chosen by now
+
+    monkeypatch.setattr(distributed, "init_process_group", init_process_group)
+    with pytest.raises(Stop):
+        build_training(tiny_config(tmp_path / "data", tmp_path / "run", device="auto"))
+    assert chosen == {"current": torch.device("cuda", 1), "group": torch.device("cuda", 1)}
+
+
+def test_tf32_is_switched_on_for_cuda_only(monkeypatch):
+    """fp32 matmuls on TF32 tensor cores on a GPU (as fairseq); nothing changes on a CPU."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = (matmul.allow_tf32, cudnn.allow_tf32)
+    try:
+        matmul.allow_tf32 = cudnn.allow_tf32 = False
+        runtime.enable_tf32(torch.device("cpu"))
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (False, False)
+        runtime.enable_tf32(torch.device("cuda", 0))
+        assert (matmul.allow_tf32, cudnn.allow_tf32) == (True, True)
+        matmul.allow_tf32 = False
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+        runtime.setup("cuda", "fp32")  # what training calls
+        assert matmul.allow_tf32
+        matmul.allow_tf32 = False
+        runtime.setup("cuda", "fp32", tf32=False)  # what generation calls: exact fp32
+        assert not matmul.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before

@@ -160,9 +160,9 @@ def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkey
     real_loss = step_module.output_layer_loss
     calls = {"n": 0}
 
-    def poisoned(features, weight, target, eps, pad):
+    def poisoned(features, weight, target, eps, pad, **options):
         calls["n"] += 1
-        out = real_loss(features, weight, target, eps, pad)
+        out = real_loss(features, weight, target, eps, pad, **options)
         if calls["n"] == 3:  # update 3 (update_freq 1)
             out.loss = out.loss * float("nan")
         return out

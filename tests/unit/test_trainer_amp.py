@@ -1,43 +1,41 @@
-"""Loss scaling (the fp16 path) exercised on CPU, and the CUDA runs themselves (marked gpu).
+"""Loss scaling (the fp16 path) exercised on CPU; the CUDA runs are in tests/gpu/.
 
-fp16 needs CUDA, but its control flow (GradScaler: unscale before the norm, skip the step
-and lower the scale on overflow, stop below fp16_min_scale) is the same code on CPU with a
-CPU GradScaler, so the CPU tests swap one in.
+fp16 needs CUDA, but its control flow (nmt.training.scaler.LossScaler: unscale before the
+norm, skip the step and lower the scale on overflow, stop below fp16_min_scale) is the same
+code on CPU, so the CPU tests swap an enabled scaler into an fp32 run.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
-from helpers import run_training, tiny_config
+from helpers import tiny_config
 
 from nmt.errors import NmtError
 from nmt.training import build_training
 from nmt.training import step as step_module
+from nmt.training.scaler import LossScaler
 from nmt.training.trainer import Trainer
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
 
 def _trainer_with_cpu_scaler(
     demo_data_dir, tmp_path, monkeypatch, overflow_at, **overrides
 ) -> Trainer:
-    """A Trainer whose scaler is a live CPU GradScaler, and whose loss overflows to inf
+    """A Trainer whose scaler is an enabled LossScaler, and whose loss overflows to inf
     in the micro-batches numbered `overflow_at` (1-based), as an fp16 overflow would."""
     trainer = build_training(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer.scaler = LossScaler(init_scale=1024.0)
     real_loss = step_module.output_layer_loss
     calls = {"n": 0}
 
-    def overflowing(features, weight, target, eps, pad):
+    def overflowing(features, weight, target, eps, pad, **options):
         calls["n"] += 1
-        out = real_loss(features, weight, target, eps, pad)
+        out = real_loss(features, weight, target, eps, pad, **options)
         if calls["n"] in overflow_at:
             out.loss = out.loss * float("inf")
         return out
@@ -54,7 +52,7 @@ def test_an_overflow_skips_the_update_and_lowers_the_scale(demo_data_dir, tmp_pa
     result = trainer.run()
     # 4 batches for 3 updates: the second batch overflowed and its update was skipped
     assert result.num_updates == 3 and trainer.progress.position == 4
-    assert trainer.scaler.get_scale() == 512.0  # halved once, not grown back yet
+    assert trainer.scaler.scale == 512.0  # halved once, not grown back yet
     events = [
         json.loads(line) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()
     ]
@@ -82,35 +80,26 @@ def test_the_scale_falling_below_the_minimum_stops_the_run(demo_data_dir, tmp_pa
     assert trainer.progress.num_updates == 0
 
 
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_cuda_training_runs_and_lowers_the_loss(demo_data_dir, tmp_path, precision):
-    cfg = tiny_config(
-        demo_data_dir,
-        tmp_path / precision,
-        device="cuda",
-        precision=precision,
-        max_update=30,
-        log_interval=10,
-        no_save=True,
-    )
-    run_training(
-        replace(cfg, optim=replace(cfg.optim, lr=3e-3, warmup_updates=0, scheduler="fixed"))
-    )
-    events = [
-        json.loads(line) for line in (tmp_path / precision / "train.jsonl").read_text().splitlines()
-    ]
-    losses = [e["loss"] for e in events if e["type"] == "train"]
-    assert losses[-1] < losses[0]
+def test_the_scale_backs_off_on_overflow_and_grows_after_a_run_of_good_updates():
+    scaler = LossScaler(init_scale=8.0, growth_interval=3)
+    for overflow, scale in [(False, 8), (True, 4), (False, 4), (False, 4), (False, 8)]:
+        scaler.update(overflow)
+        assert scaler.scale == scale
+    grads = [torch.full((2,), 16.0)]
+    scaler.unscale_(grads, factor=0.5)  # / 8, then * 0.5
+    assert grads[0].tolist() == [1.0, 1.0]
+    fixed = LossScaler(enabled=False)
+    fixed.update(True)
+    assert fixed.scale == 1.0 and fixed.state_dict() == {}
 
 
-@pytest.mark.gpu
-@needs_cuda
-def test_cuda_resume_continues_the_run(demo_data_dir, tmp_path):
-    cfg = tiny_config(
-        demo_data_dir, tmp_path / "run", device="cuda", precision="fp16", max_update=3
-    )
-    run_training(cfg)
-    result = run_training(replace(cfg, max_update=6))
-    assert result.num_updates == 6
+def test_the_scale_state_is_torchs_grad_scaler_state():
+    """Checkpoints written with torch.amp.GradScaler resume with LossScaler, and back."""
+    theirs = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    ours = LossScaler()
+    ours.load_state_dict(theirs.state_dict())
+    assert (ours.scale, ours.growth_interval) == (1024.0, 7)
+    ours.update(True)
+    back = torch.amp.GradScaler("cpu")
+    back.load_state_dict(ours.state_dict())
+    assert back.get_scale() == 512.0 and back.state_dict() == ours.state_dict()

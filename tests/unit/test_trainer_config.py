@@ -81,14 +81,6 @@ def test_the_defaults_and_the_configs_files_are_valid():
     assert PRECISIONS == runtime.PRECISIONS  # the copy that spares configs a torch import
 
 
-def test_the_yaml_defaults_equal_the_dataclass_defaults():
-    """nmt-train with no overrides trains TrainConfig(): the paper's base model and
-    configs/optim/adam_inverse_sqrt.yaml == OptimConfig()."""
-    from nmt.cli import compose_config, to_dataclass
-
-    assert to_dataclass(compose_config("train", [])) == TrainConfig()
-
-
 def test_build_training_validates_before_writing_anything(tmp_path):
     cfg = replace(
         TrainConfig(data=str(tmp_path / "data"), save_dir=str(tmp_path / "run")), update_freq=0

@@ -1,0 +1,44 @@
+"""Translation as a service: nmt-serve's FastAPI app over nmt.Translator.
+
+config.py          ServeConfig (the server, its limits, batching), ModelSpec (a model by name)
+models.py          ModelRegistry: the loaded models, by name and by language pair
+batching.py        BatchQueue: requests' sentences batched across clients, one worker per model
+service.py         what every route does: limits, text <-> ids, queueing, timeouts
+libretranslate.py  LibreTranslate's /translate and /languages
+native.py          /v1/translate, /v1/score, /v1/models: every generation option
+metrics.py         Prometheus metrics (prometheus-client)
+app.py             create_app(cfg): routes, errors, body limit, /health, /metrics, the page
+server.py          serve(cfg): uvicorn on a bound socket, graceful SIGTERM
+static/            the web page at / (plain HTML and JavaScript)
+
+Importing nmt.serving (or its config) imports neither FastAPI nor torch; `create_app` and
+`serve` are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY = {
+    "ServeConfig": "nmt.serving.config",
+    "ModelSpec": "nmt.serving.config",
+    "create_app": "nmt.serving.app",
+    "serve": "nmt.serving.server",
+}
+
+__all__ = ["ModelSpec", "ServeConfig", "create_app", "serve"]
+
+if TYPE_CHECKING:
+    from nmt.serving.app import create_app
+    from nmt.serving.config import ModelSpec, ServeConfig
+    from nmt.serving.server import serve
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nmt.serving' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

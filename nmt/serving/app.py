@@ -1,0 +1,268 @@
+"""The FastAPI app of nmt-serve: routes, error answers, limits, metrics, the web page.
+
+    create_app(cfg, models=None) -> FastAPI
+
+Without `models`, the app loads cfg's models in a thread when it starts, so the server
+answers at once: /health is 503 until every model is loaded, then 200. Every error is
+`{"error": message}` (LibreTranslate's shape) with its status. A body over
+max_body_bytes is refused (413) before anything reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from nmt import __version__
+from nmt.serving import libretranslate, native
+from nmt.serving.config import ServeConfig
+from nmt.serving.errors import ApiError
+from nmt.serving.metrics import CONTENT_TYPE, Metrics
+from nmt.serving.models import ModelRegistry
+from nmt.serving.service import Service
+
+log = logging.getLogger("nmt.serving")
+
+STATIC = Path(__file__).resolve().parent / "static"
+ROUTES = {
+    "/",
+    "/health",
+    "/metrics",
+    "/languages",
+    "/translate",
+    "/v1/models",
+    "/v1/translate",
+    "/v1/score",
+}
+STATUS_KINDS = {404: "not_found", 405: "method", 413: "too_large", 500: "internal"}
+
+
+def create_app(
+    cfg: ServeConfig,
+    models: ModelRegistry | None = None,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The server's app for `cfg`. `models`: already loaded (the app does not close them);
+    else loaded at startup, and `on_load_error(exc)` hears of a failure (the server stops)."""
+    cfg.validate()
+    service = Service(cfg)
+    metrics = Metrics(
+        lambda: {m.name: m.queue.queued for m in service.models.models} if service.models else {}
+    )
+    state: dict[str, Any] = {"error": None}
+
+    def ready(registry: ModelRegistry) -> None:
+        registry.report_batches(metrics.batch)
+        service.ready(registry)
+        metrics.models_loaded.set(1)
+
+    def load() -> None:
+        try:
+            registry = ModelRegistry.load(cfg)
+        except BaseException as exc:  # noqa: BLE001 - reported to the server, which stops
+            state["error"] = exc
+            log.error("nmt-serve: loading the models failed: %s", exc)
+            if on_load_error is not None:
+                on_load_error(exc)
+            return
+        ready(registry)
+        names = ", ".join(f"{m.name} ({m.source}->{m.target})" for m in registry.models)
+        log.info("nmt-serve: ready: %s", names)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if models is None:
+            threading.Thread(target=load, name="nmt-serve-load", daemon=True).start()
+        else:
+            ready(models)
+        yield
+        # uvicorn has let the requests in flight finish (up to shutdown_timeout); what is
+        # still queued then is decoded before the workers stop.
+        if models is None and service.models is not None:
+            service.models.close(cfg.shutdown_timeout)
+
+    app = FastAPI(
+        title="nmt-serve",
+        version=__version__,
+        description="Translation with nmt: LibreTranslate's API and nmt's own (/v1).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.metrics = metrics
+    app.state.load_state = state
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        request.state.error_kind = exc.kind
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            request.state.error_kind = "bad_request"
+            return JSONResponse({"error": "body: not valid JSON"}, status_code=400)
+        request.state.error_kind = "invalid"
+        return JSONResponse({"error": _describe(errors)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        request.state.error_kind = STATUS_KINDS.get(exc.status_code, "http")
+        return JSONResponse(
+            {"error": f"{request.url.path}: {exc.detail}"},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("nmt-serve: %s %s failed", request.method, request.url.path)
+        request.state.error_kind = "internal"
+        return JSONResponse(
+            {"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500
+        )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if service.models is not None:
+            return JSONResponse({"status": "ok", "models": list(service.models.by_name)})
+        if state["error"] is not None:
+            return JSONResponse({"status": "failed", "error": str(state["error"])}, 503)
+        return JSONResponse({"status": "loading"}, 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    app.include_router(libretranslate.router(service))
+    app.include_router(native.router(service))
+    if cfg.web_page:
+
+        @app.get("/", include_in_schema=False)
+        async def page() -> FileResponse:
+            return FileResponse(STATIC / "index.html")
+
+        app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    if cfg.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cfg.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    app.add_middleware(Guard, metrics=metrics, max_body_bytes=cfg.max_body_bytes)
+    return app
+
+
+class Guard:
+    """Outermost ASGI layer: refuses bodies over the limit (413) before the app reads
+    them, and records each request's status, latency and error kind (metrics)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int):
+        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        path = scope["path"]
+        route = path if path in ROUTES else "static" if path.startswith("/static/") else "other"
+        status, answered = [500], [False]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0], answered[0] = message["status"], True
+            await send(message)
+
+        state = scope.setdefault("state", {})
+        self.metrics.in_flight.inc()
+        try:
+            body = await self._body(scope, receive)
+            if body is None:
+                state["error_kind"] = "too_large"
+                await _answer(send_status, 413, f"body: more than {self.max_body_bytes} bytes")
+            else:
+                await self.app(scope, _replay(body, receive), send_status)
+        except Exception:
+            if not answered[0]:
+                raise
+            # answered (500) and logged by the app's handler: nothing more to say
+        finally:
+            self.metrics.in_flight.dec()
+            kind = state.get("error_kind")
+            if kind is None and status[0] >= 400:
+                kind = STATUS_KINDS.get(status[0], "http")
+            self.metrics.answered(route, status[0], time.perf_counter() - start, kind)
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, or None when it is over the limit."""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    if int(value) > self.max_body_bytes:
+                        return None
+                except ValueError:
+                    pass
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the body read already, then the client's next messages."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Send, status: int, message: str) -> None:
+    payload = json.dumps({"error": message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _describe(errors: Any) -> str:
+    """Pydantic's errors as one line: `texts.1: Input should be a valid string; ...`."""
+    parts = []
+    for e in list(errors)[:3]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)

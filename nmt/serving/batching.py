@@ -1,0 +1,390 @@
+"""The dynamic-batching queue between the HTTP handlers and one model's Translator.
+
+Handlers submit Jobs (a request's texts) from the event loop and await their futures; one
+worker thread per model does the rest: it turns texts into ids, takes the oldest job's
+kind of work (jobs of one kind share a search and differ only in their sentences),
+gathers pending sentences of that kind round-robin over the jobs (so a long request
+cannot hold back a short one) until the batch is full, decodes them in one Translator
+call, and turns the hypotheses into each job's answer (`Job.finish`). Meanwhile the event
+loop goes on accepting requests: torch releases the GIL in its kernels. (Tokenizing is the
+worker's too: SentencePiece releases the GIL, and taking it back from a busy worker costs
+the event loop about a millisecond per call.)
+
+When to decode: at once when a batch is full; otherwise the worker waits for more only
+while more are expected, i.e. until as many sentences are waiting as were in the server
+at once during the last second, while they keep coming (no pause over `wait_gap`), and
+never longer than `max_wait` after it became free. So a lone client never waits, and
+clients that send again as soon as they are answered fill batches as offline translation
+does.
+
+A translation never depends on the other sentences of its batch (Translator's invariant),
+so batching across clients changes only the speed. Sampling jobs are never merged: each
+is decoded alone, by a generator seeded for it, and so is reproducible.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt.errors import NmtError
+from nmt.generation.translator import Translator
+
+log = logging.getLogger("nmt.serving")
+
+TRANSLATE, SCORE = "translate", "score"
+LOAD_WINDOW = 1.0  # seconds over which the peak of sentences in the server is remembered
+
+
+class QueueFull(Exception):
+    """The model's queue holds max_queue sentences already."""
+
+
+class Closed(Exception):
+    """The queue no longer takes work (the server is stopping)."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's work for the worker: translate `texts`, or score `targets` given them.
+
+    The future's result is `finish(job)` (run by the worker once every sentence is
+    decoded; `job.results` then holds one result per text), or `job.results` itself.
+    """
+
+    translator: Translator  # the model with this job's search (Translator.with_search)
+    kind: Hashable  # jobs of the same kind may share a batch
+    texts: Sequence[str]  # one sentence each
+    op: str = TRANSLATE  # TRANSLATE: hypotheses per text; SCORE: forced decoding
+    prefixes: Sequence[str | None] | None = None  # TRANSLATE: target text to force
+    targets: Sequence[str] | None = None  # SCORE: the translations to score
+    nbest: int = 1  # TRANSLATE: hypotheses kept per text
+    alignment: bool = False  # TRANSLATE: hypotheses carry attention
+    merge: bool = True  # False: decoded alone, in one call (sampling)
+    where: str = "texts"  # names the texts in messages (over-long lines)
+    finish: Callable[[Job], Any] | None = None
+    future: Future = field(default_factory=Future)
+    # the worker's:
+    sources: list[np.ndarray] = field(default_factory=list)  # ids ending in EOS
+    prefix_ids: list[np.ndarray | None] | None = None
+    target_ids: list[np.ndarray] | None = None
+    warnings: list[str] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
+    taken: int = 0  # sentences handed to a batch so far
+    left: int = 0  # sentences not decoded yet
+    arrived: float = 0.0
+
+    def prepare(self) -> None:
+        """Texts to ids, as the Translator makes them (NmtError for a line refused)."""
+        translator = self.translator
+        encoder = translator.source_encoder(self.where, warn=self.warnings.append)
+        self.sources = _fit(encoder, self.texts)
+        if self.prefixes is not None:
+            encoded = [translator.encode_prefix(p) for p in self.prefixes]
+            self.prefix_ids = [None if p is None else np.asarray(p, np.int64) for p in encoded]
+        if self.targets is not None:
+            target = translator.target_encoder("targets", warn=self.warnings.append)
+            self.target_ids = _fit(target, self.targets)
+        self.results = [None] * len(self.texts)
+        self.left = len(self.texts)
+
+    def cost(self, i: int) -> int:
+        """Sentence i's length as batching counts it (0: nothing to decode)."""
+        n = len(self.sources[i])
+        if self.target_ids is not None:
+            return max(n, len(self.target_ids[i]), 1)  # an empty side is scored as [EOS]
+        return n
+
+
+class BatchQueue:
+    """Queue and worker thread of one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_sentences: int,
+        max_tokens: int = 0,
+        max_wait: float = 0.1,
+        wait_gap: float = 0.01,
+        max_queue: int = 4096,
+        on_batch: Callable[[int, float], None] | None = None,
+        device: torch.device | None = None,
+    ):
+        """`max_sentences`/`max_tokens` (padded source tokens, 0 = no limit) bound a batch
+        as the Translator's own batching does, so a batch is one decoder call; `max_wait`
+        and `wait_gap` in seconds; `on_batch(sentences, seconds)` is told of every batch
+        decoded (empty lines, which need no decoding, not counted). `device`: the model's,
+        made the worker thread's current CUDA device (a per-thread setting)."""
+        self.name = name
+        self.max_sentences, self.max_tokens = max_sentences, max_tokens
+        self.max_wait, self.wait_gap, self.max_queue = max_wait, wait_gap, max_queue
+        self.on_batch = on_batch
+        self._cond = threading.Condition()
+        self._inbox: list[Job] = []  # submitted, not seen by the worker yet
+        self._waiting = 0  # sentences submitted and not in a batch yet
+        self._running = 0  # sentences being decoded
+        self._peak = [0, 0]  # most sentences in the server at once: this window, the last
+        self._window_start = time.monotonic()
+        self._free_since = time.monotonic()
+        self._last_arrival = 0.0
+        self._closed = False
+        self._device = device
+        self._thread = threading.Thread(target=self._work, name=f"nmt-serve-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        """Sentences waiting for a batch."""
+        return self._waiting
+
+    def submit(self, job: Job) -> Future:
+        """Queue a job. Raises QueueFull or Closed instead of queueing."""
+        n = len(job.texts)
+        with self._cond:
+            if self._closed:
+                raise Closed(f"model {self.name} is stopping")
+            if self._waiting and self._waiting + n > self.max_queue:
+                raise QueueFull(f"model {self.name} has {self._waiting} sentences waiting")
+            job.arrived = self._last_arrival = time.monotonic()
+            self._inbox.append(job)
+            self._waiting += n
+            self._note_load(job.arrived)
+            self._cond.notify()
+        return job.future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Decode what is queued, then stop the worker (waiting up to `timeout`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # -- the worker ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+        jobs: deque[Job] = deque()  # prepared, with sentences not in a batch yet
+        while True:
+            new = self._collect(block=not jobs)
+            if new is None:
+                return
+            jobs = self._add(jobs, new)
+            if not jobs:
+                continue
+            wait = self._wait_for_more(jobs, time.monotonic())
+            if wait > 0:
+                self._sleep(wait)
+                continue
+            jobs = self._add(jobs, self._collect(block=False) or [])  # those that just came
+            if not jobs:
+                continue
+            batch = self._take(jobs)
+            with self._cond:
+                self._waiting -= len(batch)
+                self._running = len(batch)
+            start = time.perf_counter()
+            try:
+                outcome: list[Any] | Exception = _run(batch[0][0], batch)
+            except Exception as exc:  # noqa: BLE001 - the requests report it; the worker goes on
+                log.exception("model %s: decoding a batch of %d failed", self.name, len(batch))
+                outcome = exc
+            seconds = time.perf_counter() - start
+            with self._cond:  # before the answers go out, so new requests see the load right
+                self._running = 0
+                self._free_since = time.monotonic()
+            _deliver(batch, outcome)
+            if self.on_batch is not None:  # the sentences decoded (not the empty lines)
+                self.on_batch(sum(1 for job, i in batch if job.cost(i)), seconds)
+
+    def _collect(self, block: bool) -> list[Job] | None:
+        """The jobs submitted since the last look; with `block`, wait for one. None once
+        closed with nothing left."""
+        with self._cond:
+            while block and not self._inbox and not self._closed:
+                self._cond.wait()
+            if block and not self._inbox and self._closed:
+                return None
+            new, self._inbox = self._inbox, []
+            return new
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait up to `seconds`, less if a job arrives or the queue closes."""
+        with self._cond:
+            if not self._inbox and not self._closed:
+                self._cond.wait(seconds)
+
+    def _add(self, jobs: deque[Job], new: list[Job]) -> deque[Job]:
+        """`jobs` with the new ones tokenized, less those done (refused, given up)."""
+        for job in new:
+            if self._prepare(job):
+                jobs.append(job)
+        return self._unfinished(jobs)
+
+    def _prepare(self, job: Job) -> bool:
+        """Tokenize a new job; False when it is done already (refused, cancelled, empty)."""
+        if job.future.cancelled():
+            self._forget(len(job.texts))
+            return False
+        try:
+            job.prepare()
+        except Exception as exc:  # noqa: BLE001 - NmtError (a line refused) or a bug: the job's
+            if not isinstance(exc, NmtError):
+                log.exception("model %s: preparing a request failed", self.name)
+            self._forget(len(job.texts))
+            _settle(job, exc=exc)
+            return False
+        if not job.texts:
+            _settle(job, result=_finished(job))
+            return False
+        return True
+
+    def _unfinished(self, jobs: deque[Job]) -> deque[Job]:
+        """The jobs still to batch: not fully taken, not given up (timeout) or failed."""
+        kept: deque[Job] = deque()
+        for job in jobs:
+            if job.future.done():
+                self._forget(len(job.texts) - job.taken)
+            elif job.taken < len(job.texts):
+                kept.append(job)
+        return kept
+
+    def _forget(self, sentences: int) -> None:
+        with self._cond:
+            self._waiting -= sentences
+
+    def _wait_for_more(self, jobs: deque[Job], now: float) -> float:
+        """Seconds worth waiting for more sentences before decoding (<= 0: decode now)."""
+        head = jobs[0]
+        if not head.merge or self._closed:
+            return 0.0
+        count, longest = 0, 0
+        for job in jobs:
+            if job.kind != head.kind:
+                continue
+            for i in range(job.taken, len(job.texts)):
+                cost = job.cost(i)
+                if cost:
+                    count += 1
+                    longest = max(longest, cost)
+        if count >= self.max_sentences or (
+            self.max_tokens and (count + 1) * longest > self.max_tokens
+        ):
+            return 0.0  # a full batch is there
+        with self._cond:
+            if self._waiting >= self._expected_load(now):
+                return 0.0  # no more are expected
+            since = max(self._free_since, head.arrived)
+            quiet = max(self._free_since, self._last_arrival) + self.wait_gap
+        return min(since + self.max_wait, quiet) - now
+
+    def _take(self, jobs: deque[Job]) -> list[tuple[Job, int]]:
+        """The next batch: the oldest job's kind, round-robin over its jobs, within the
+        batch limits (a sampling job: all of it)."""
+        head = jobs[0]
+        batch: list[tuple[Job, int]] = []
+        if not head.merge:
+            batch = [(head, i) for i in range(head.taken, len(head.texts))]
+            head.taken = len(head.texts)
+            return batch
+        same = [j for j in jobs if j.kind == head.kind]
+        count, longest = 0, 0
+        while True:
+            progressed = False
+            for job in same:
+                if job.taken == len(job.texts):
+                    continue
+                cost = job.cost(job.taken)
+                if cost:  # empty lines cost nothing and ride along
+                    wider = max(longest, cost)
+                    over = count + 1 > self.max_sentences or (
+                        self.max_tokens and (count + 1) * wider > self.max_tokens
+                    )
+                    if over and count:
+                        return batch
+                    count, longest = count + 1, wider
+                batch.append((job, job.taken))
+                job.taken += 1
+                progressed = True
+            if not progressed:
+                return batch
+
+    def _note_load(self, now: float) -> None:
+        """Remember the most sentences in the server at once (this window and the last)."""
+        if now - self._window_start > LOAD_WINDOW:
+            stale = now - self._window_start > 2 * LOAD_WINDOW
+            self._peak = [0, 0 if stale else self._peak[0]]
+            self._window_start = now
+        self._peak[0] = max(self._peak[0], self._waiting + self._running)
+
+    def _expected_load(self, now: float) -> int:
+        if now - self._window_start > 2 * LOAD_WINDOW:
+            return 1
+        return max(self._peak)
+
+
+def _fit(encoder, texts: Sequence[str]) -> list[np.ndarray]:
+    """Ids of each text within the model's positions (cut with a warning, or refused)."""
+    return [encoder.fit(ids, i) for i, ids in enumerate(encoder.to_ids(encoder.normalize(texts)))]
+
+
+def _run(head: Job, batch: list[tuple[Job, int]]) -> list[Any]:
+    """One Translator call for the batch (all of one kind): results in batch order."""
+    sources = [job.sources[i] for job, i in batch]
+    translator = head.translator
+    if head.op == SCORE:
+        targets = [job.target_ids[i] for job, i in batch]  # type: ignore[index]
+        return translator.score_ids(sources, targets)
+    prefixes = None
+    if any(job.prefix_ids is not None for job, _ in batch):
+        prefixes = [None if job.prefix_ids is None else job.prefix_ids[i] for job, i in batch]
+    nbest = max(job.nbest for job, _ in batch)
+    hyps = translator.translate_ids(
+        sources, prefixes=prefixes, nbest=nbest, alignment=head.alignment
+    )
+    # nbest only cuts the finished list (best first), so fewer is a prefix of more.
+    return [h[: job.nbest] for (job, _), h in zip(batch, hyps)]
+
+
+def _deliver(batch: list[tuple[Job, int]], outcome: list[Any] | Exception) -> None:
+    """Hand each job its results; a failure fails every job of the batch."""
+    if isinstance(outcome, Exception):
+        for job in {id(j): j for j, _ in batch}.values():
+            _settle(job, exc=outcome)
+        return
+    for (job, i), result in zip(batch, outcome):
+        job.results[i] = result
+        job.left -= 1
+        if job.left == 0 and not job.future.done():
+            try:
+                answer = _finished(job)
+            except Exception as exc:  # noqa: BLE001 - a bug in finish: this request's error
+                log.exception("finishing a request failed")
+                _settle(job, exc=exc)
+            else:
+                _settle(job, result=answer)
+
+
+def _finished(job: Job) -> Any:
+    return job.finish(job) if job.finish is not None else job.results
+
+
+def _settle(job: Job, result: Any = None, exc: BaseException | None = None) -> None:
+    """Complete a job's future unless its request gave up already."""
+    try:
+        if exc is not None:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+    except InvalidStateError:  # cancelled meanwhile (timeout)
+        pass

@@ -1,0 +1,171 @@
+"""Configuration of nmt-serve: the models to serve (ModelSpec) and the server (ServeConfig).
+
+ServeConfig extends SearchConfig, so `nmt-serve checkpoint=ckpt.pt beam=4` sets the search
+every model uses unless its own `search:` says otherwise, and requests may override it per
+call. Every check raises NmtError in one style: `option=value: what is wrong; what to do`.
+Importing this module imports neither torch nor FastAPI (the CLI reads it for --help).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+from nmt.errors import NmtError
+from nmt.generation.config import PRECISIONS, SearchConfig, check_batching
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+SEARCH_KEYS = tuple(f.name for f in fields(SearchConfig))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+def _bad(key: str, value: Any, problem: str, fix: str) -> NmtError:
+    return NmtError(f"{key}={_fmt(value)}: {problem}; {fix}")
+
+
+@dataclass
+class ModelSpec:
+    """One model the server loads, under a name that requests use."""
+
+    checkpoint: Any = None  # checkpoint file, or a list [a.pt,b.pt] to ensemble (required)
+    name: Optional[str] = None  # the name requests give as `model`; null: "<src>-<tgt>" (en-de)
+    search: dict[str, Any] = field(default_factory=dict)  # search options over the server's
+
+
+@dataclass
+class ServeConfig(SearchConfig):
+    """nmt-serve: translation over HTTP (LibreTranslate-compatible and native routes)."""
+
+    # what to serve
+    checkpoint: Any = None  # one model: a checkpoint file or [a.pt,b.pt]; or use models=
+    models: list[ModelSpec] = field(default_factory=list)  # several models by name
+    # where
+    host: str = "127.0.0.1"  # the address to bind; 0.0.0.0 opens the server to the network
+    port: int = 5000  # TCP port; 0 = any free port (the port is printed)
+    # access
+    api_key: Optional[str] = None  # when set, every translation request must carry this key
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])  # browser origins allowed
+    web_page: bool = True  # serve the translation page at /
+    # batching across requests
+    max_tokens: int = 0  # padded source tokens per decoding batch (0 = no limit)
+    max_sentences: int = 64  # sentences per decoding batch
+    max_wait_ms: float = 100.0  # longest a free worker waits for more sentences to batch
+    wait_gap_ms: float = 10.0  # ... and it stops waiting after a pause this long
+    max_queue: int = 4096  # sentences waiting per model; beyond, requests get 503
+    # limits per request
+    max_request_chars: int = 10000  # characters of text in one request
+    max_request_sentences: int = 128  # sentences (texts, or lines of texts) in one request
+    max_body_bytes: int = 1_000_000  # request body size
+    request_timeout: float = 60.0  # seconds a request may wait for its translations
+    shutdown_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
+    overlong: str = "truncate"  # source longer than the model accepts: truncate or error
+    alignment_layer: int = -1  # decoder layer whose attention the alignments and heatmaps show
+    # hardware
+    device: str = "auto"  # cpu, cuda, cuda:N, or auto
+    precision: str = "fp32"  # fp32, bf16 or fp16 (fp16 needs cuda)
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+    # logs
+    log_level: str = "info"  # critical, error, warning, info, debug
+    access_log: bool = True  # one log line per request
+    debug: bool = False  # full tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first option that cannot work."""
+        super().validate()
+        # checkpoint= / models= and every model's search (a missing checkpoint is reported
+        # when serving, so that --cfg works without one)
+        self.model_specs(require_checkpoint=False)
+        if not 0 <= self.port <= 65535:
+            raise _bad("port", self.port, "not a TCP port", "use 1..65535, or 0 for any free port")
+        if not self.host:
+            raise _bad("host", self.host, "empty", "use 127.0.0.1 (this machine only)")
+        if self.api_key is not None and not self.api_key.strip():
+            raise _bad("api_key", repr(self.api_key), "empty", "give a key, or null for no key")
+        check_batching(self.max_tokens, self.max_sentences, self.overlong)
+        for key, fix in (
+            ("max_wait_ms", "use 0 to decode as soon as the worker is free"),
+            ("wait_gap_ms", "use 0 to decode as soon as the worker is free"),
+            ("request_timeout", "e.g. 60 seconds"),
+            ("shutdown_timeout", "e.g. 30 seconds"),
+        ):
+            if not getattr(self, key) >= 0:
+                raise _bad(key, getattr(self, key), "must not be negative", fix)
+        if self.request_timeout == 0:
+            raise _bad("request_timeout", 0, "no request could finish", "e.g. 60 seconds")
+        for key in ("max_queue", "max_request_chars", "max_request_sentences", "max_body_bytes"):
+            if getattr(self, key) < 1:
+                raise _bad(key, getattr(self, key), "must be 1 or more", "raise it")
+        if self.precision not in PRECISIONS:
+            raise _bad(
+                "precision", self.precision, "unknown", f"use one of {', '.join(PRECISIONS)}"
+            )
+        if self.threads < 0:
+            raise _bad("threads", self.threads, "must not be negative", "use 0 for torch's default")
+        if self.log_level not in LOG_LEVELS:
+            raise _bad(
+                "log_level", self.log_level, "unknown", f"use one of {', '.join(LOG_LEVELS)}"
+            )
+
+    def model_specs(self, require_checkpoint: bool = True) -> list[ModelSpec]:
+        """The models to load: `checkpoint=` as one unnamed model, or `models=`; checked."""
+        if self.checkpoint is not None and self.models:
+            raise _bad(
+                "checkpoint",
+                self.checkpoint,
+                "given together with models=",
+                "list every model under models= (each with its checkpoint), or give one checkpoint=",
+            )
+        specs = list(self.models) or [ModelSpec(checkpoint=self.checkpoint)]
+        names: dict[str, int] = {}
+        for i, spec in enumerate(specs):
+            where = "checkpoint" if not self.models else f"models[{i}].checkpoint"
+            missing = spec.checkpoint is None or spec.checkpoint == "" or spec.checkpoint == []
+            if missing and (require_checkpoint or self.models):
+                raise _bad(
+                    where,
+                    spec.checkpoint,
+                    "no checkpoint given",
+                    "give checkpoint=FILE (or models=[{name: en-de, checkpoint: FILE}, ...])",
+                )
+            if spec.name is not None:
+                if not spec.name or "/" in spec.name or spec.name != spec.name.strip():
+                    raise _bad(
+                        f"models[{i}].name",
+                        repr(spec.name),
+                        "not a usable name",
+                        "use letters, digits, - and _ (e.g. en-de)",
+                    )
+                if spec.name in names:
+                    raise _bad(
+                        f"models[{i}].name",
+                        spec.name,
+                        f"also the name of models[{names[spec.name]}]",
+                        "give each model its own name",
+                    )
+                names[spec.name] = i
+            self.search_for(spec, f"models[{i}].search")
+        return specs
+
+    def search_for(self, spec: ModelSpec, where: str = "search") -> SearchConfig:
+        """The server's search with the model's own options over it, checked."""
+        unknown = sorted(set(spec.search) - set(SEARCH_KEYS))
+        if unknown:
+            raise _bad(
+                f"{where}.{unknown[0]}",
+                spec.search[unknown[0]],
+                "not a search option",
+                f"use {', '.join(SEARCH_KEYS)}",
+            )
+        search = SearchConfig(**{k: getattr(self, k) for k in SEARCH_KEYS})
+        for key, value in spec.search.items():
+            setattr(search, key, value)
+        try:
+            search.validate()
+        except NmtError as exc:
+            raise NmtError(f"{where}.{exc}" if spec.search else str(exc)) from None
+        return search

@@ -1,0 +1,151 @@
+"""LibreTranslate's API, as its clients call it: POST /translate and GET /languages.
+
+    POST /translate  q (a string, or a list of strings), source (a code or "auto"), target,
+                     format ("text"), alternatives (n), api_key; as a JSON body, or
+                     form-encoded (application/x-www-form-urlencoded or multipart), or in the
+                     query string
+                  -> {"translatedText": str | [str]} (+ "alternatives", "detectedLanguage")
+    GET /languages -> [{"code", "name", "targets"}]
+    errors        -> {"error": message}, status 400 (403 for the API key, 413 over a limit)
+
+Each line of a text is translated as one sentence and the lines are joined again, so
+paragraphs keep their shape. "auto" takes the one source language that translates into the
+target (this server detects no languages).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from nmt.serving.errors import ApiError, bad_request
+from nmt.serving.models import AUTO
+from nmt.serving.service import Service, texts_of
+
+log = logging.getLogger("nmt.serving")
+
+ALTERNATIVES_LIMIT = 8  # LibreTranslate's alternatives: at most this many per text
+
+
+def router(service: Service) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.get("/languages")
+    async def languages() -> JSONResponse:
+        return JSONResponse(service.registry().languages())
+
+    @routes.post("/translate")
+    async def translate(request: Request) -> JSONResponse:
+        params = await _params(request)
+        service.check_key(_key(params))
+        q = params.get("q")
+        source, target = params.get("source"), params.get("target")
+        for name, value in (("q", q), ("source", source), ("target", target)):
+            if not value:
+                raise bad_request(f"Invalid request: missing {name} parameter")
+        if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(t, str) for t in q))):
+            raise bad_request("q: must be a string or a list of strings")
+        if not isinstance(source, str) or not isinstance(target, str):
+            name = "source" if not isinstance(source, str) else "target"
+            raise bad_request(f"{name}: must be a language code (a string)")
+        text_format = params.get("format") or "text"
+        if text_format != "text":
+            raise bad_request(f"format={text_format}: not supported; use format=text")
+        alternatives = _alternatives(params.get("alternatives"))
+        texts = [q] if isinstance(q, str) else q
+        if not request_is_json(request):  # as LibreTranslate: form line ends become \n
+            texts = ["\n".join(t.splitlines()) for t in texts]
+        lines = [line for t in texts for line in t.split("\n")]
+        service.check_size("q", lines)
+        model = service.registry().for_pair(source, target)
+        search = model.search
+        if alternatives + 1 > search.beam:
+            search = service.search(model, {"beam": alternatives + 1})
+        answer = await service.translate(
+            model, lines, texts_of, search=search, nbest=alternatives + 1, where="q"
+        )
+        for warning in answer.warnings:
+            log.warning("%s", warning)
+        outputs = answer.value
+        best, others, at = [], [], 0
+        for t in texts:
+            n = t.count("\n") + 1
+            per_line = outputs[at : at + n]
+            at += n
+            best.append("\n".join(hyps[0] for hyps in per_line))
+            if alternatives:
+                others.append(_alternative_texts(per_line, alternatives, best[-1]))
+        out: dict[str, Any] = {"translatedText": best[0] if isinstance(q, str) else best}
+        if source == AUTO:
+            detected = {"confidence": 100.0, "language": model.source}
+            out["detectedLanguage"] = detected if isinstance(q, str) else [detected] * len(q)
+        if alternatives:
+            out["alternatives"] = others[0] if isinstance(q, str) else others
+        return JSONResponse(out)
+
+    return routes
+
+
+def request_is_json(request: Request) -> bool:
+    """As Flask's request.is_json: application/json or application/*+json."""
+    mime = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return mime == "application/json" or (
+        mime.startswith("application/") and mime.endswith("+json")
+    )
+
+
+async def _params(request: Request) -> dict[str, Any]:
+    """The request's parameters: its JSON object, or its form fields over its query string."""
+    if request_is_json(request):
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise bad_request(f"body: not valid JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise bad_request("body: Invalid JSON format; send a JSON object")
+        return body
+    params: dict[str, Any] = dict(request.query_params)
+    if request.method == "POST":
+        try:
+            form = await request.form()
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - python-multipart's many parse errors
+            raise bad_request(f"body: not a readable form ({exc})") from None
+        params.update({k: v for k, v in form.items() if isinstance(v, str)})
+    return params
+
+
+def _key(params: dict[str, Any]) -> str | None:
+    """LibreTranslate's api_key (the npm client's spelling apiKey too)."""
+    key = params.get("api_key") or params.get("apiKey")
+    return key if isinstance(key, str) and key else None
+
+
+def _alternatives(value: Any) -> int:
+    if value is None or value == "":
+        return 0
+    try:
+        n = max(0, int(value))
+    except (TypeError, ValueError):
+        raise bad_request("Invalid request: alternatives parameter is not a number") from None
+    if n > ALTERNATIVES_LIMIT:
+        raise bad_request(
+            f"alternatives={n}: more than {ALTERNATIVES_LIMIT}; ask for fewer alternatives"
+        )
+    return n
+
+
+def _alternative_texts(per_line: list[list[str]], wanted: int, best: str) -> list[str]:
+    """Up to `wanted` other translations of a text, each distinct (LibreTranslate's way:
+    the k-th alternative of the text takes each line's k-th hypothesis, or its best)."""
+    out: list[str] = []
+    for k in range(1, max(len(h) for h in per_line)):
+        text = "\n".join(h[k] if k < len(h) else h[0] for h in per_line)
+        if text != best and text not in out:
+            out.append(text)
+    return out[:wanted]

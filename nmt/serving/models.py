@@ -1,0 +1,199 @@
+"""The models a server holds, by name and by language pair, each with its batching queue.
+
+`ModelRegistry.load(cfg)` loads every model of a ServeConfig once (Translator.load) and
+starts one BatchQueue (worker thread) per model. LibreTranslate routes find a model by
+its languages (the checkpoint's data: src_lang, tgt_lang), native routes by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig
+from nmt.generation.translator import Translator, checkpoint_paths
+from nmt.serving.batching import BatchQueue
+from nmt.serving.config import ServeConfig
+from nmt.serving.errors import ApiError, bad_request
+from nmt.serving.languages import language_name
+
+VARIANTS = 4  # searches other than the model's own kept ready per model (least recent go)
+AUTO = "auto"  # LibreTranslate's "detect the source language"
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One loaded model: its Translator (with its default search) and its queue."""
+
+    name: str
+    translator: Translator
+    queue: BatchQueue
+    checkpoints: list[str]
+    _variants: OrderedDict[tuple, Translator] = field(default_factory=OrderedDict)
+
+    @property
+    def source(self) -> str:
+        return self.translator.src_lang or "?"
+
+    @property
+    def target(self) -> str:
+        return self.translator.tgt_lang or "?"
+
+    @property
+    def search(self) -> SearchConfig:
+        return self.translator.search
+
+    def translator_for(self, search: SearchConfig) -> Translator:
+        """The model with `search`: its own translator for its own search; a fresh one
+        for sampling (its random stream starts at search.seed); else a kept variant."""
+        if search == self.translator.search:
+            return self.translator
+        if search.sampling:
+            return self.translator.with_search(search)
+        key = dataclasses.astuple(search)
+        found = self._variants.pop(key, None)
+        if found is None:
+            found = self.translator.with_search(search)
+            while len(self._variants) >= VARIANTS:
+                self._variants.popitem(last=False)
+        self._variants[key] = found
+        return found
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "target": self.target,
+            "search": dataclasses.asdict(self.search),
+        }
+
+
+class ModelRegistry:
+    """The server's models, in the order the config lists them."""
+
+    def __init__(self, models: Sequence[ServedModel]):
+        if not models:
+            raise ValueError("a server needs at least one model")
+        self.models = list(models)
+        self.by_name = {m.name: m for m in self.models}
+
+    @classmethod
+    def load(cls, cfg: ServeConfig) -> ModelRegistry:
+        """Load every model of `cfg` once and start its queue."""
+        cfg.validate()
+        loaded: list[tuple[str | None, Translator, list[str]]] = []
+        for spec in cfg.model_specs():
+            translator = Translator.load(
+                spec.checkpoint,
+                cfg.search_for(spec),
+                device=cfg.device,
+                precision=cfg.precision,
+                threads=cfg.threads,
+                max_tokens=cfg.max_tokens,
+                max_sentences=cfg.max_sentences,
+                overlong=cfg.overlong,
+                alignment_layer=cfg.alignment_layer,
+            )
+            loaded.append((spec.name, translator, checkpoint_paths(spec.checkpoint)))
+        names = _names(loaded)
+        models = []
+        for name, (_, translator, paths) in zip(names, loaded):
+            queue = BatchQueue(
+                name,
+                max_sentences=cfg.max_sentences,
+                max_tokens=cfg.max_tokens,
+                max_wait=cfg.max_wait_ms / 1000,
+                wait_gap=cfg.wait_gap_ms / 1000,
+                max_queue=cfg.max_queue,
+                device=translator.device,
+            )
+            models.append(ServedModel(name, translator, queue, paths))
+        return cls(models)
+
+    def report_batches(self, on_batch: Callable[[str, int, float], None]) -> None:
+        """`on_batch(model, sentences, seconds)` hears of every batch decoded (metrics)."""
+        for model in self.models:
+            model.queue.on_batch = _reporter(on_batch, model.name)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish what is queued and stop every worker."""
+        for model in self.models:
+            model.queue.close(timeout)
+
+    # -- finding a model ------------------------------------------------------------------
+
+    def named(self, name: str | None) -> ServedModel:
+        """The model called `name`; None: the only model (an error when there are more)."""
+        if name is None:
+            if len(self.models) == 1:
+                return self.models[0]
+            raise bad_request(
+                f"model=null: this server has {len(self.models)} models; "
+                f"name one of {', '.join(self.by_name)}"
+            )
+        found = self.by_name.get(name)
+        if found is None:
+            raise ApiError(
+                404,
+                f"model={name}: no such model; use one of {', '.join(self.by_name)}",
+                kind="not_found",
+            )
+        return found
+
+    def for_pair(self, source: str, target: str) -> ServedModel:
+        """The first model translating source -> target; source "auto": the only source
+        language that translates into target."""
+        if source == AUTO:
+            sources = list(dict.fromkeys(m.source for m in self.models if m.target == target))
+            if len(sources) == 1:
+                source = sources[0]
+            elif sources:
+                raise bad_request(
+                    f"source=auto: {', '.join(sources)} all translate into {target} and this "
+                    "server does not detect languages; give source="
+                )
+        for model in self.models:
+            if model.source == source and model.target == target:
+                return model
+        raise bad_request(
+            f"source={source}, target={target}: this pair is not served; use one of {self.pairs()}"
+        )
+
+    def pairs(self) -> str:
+        return ", ".join(dict.fromkeys(f"{m.source}->{m.target}" for m in self.models))
+
+    def languages(self) -> list[dict]:
+        """LibreTranslate's /languages: every language, with the targets it translates to."""
+        targets: dict[str, list[str]] = {}
+        for m in self.models:
+            targets.setdefault(m.source, [])
+            if m.target not in targets[m.source]:
+                targets[m.source].append(m.target)
+        for m in self.models:
+            targets.setdefault(m.target, [])
+        return [
+            {"code": code, "name": language_name(code), "targets": sorted(to)}
+            for code, to in targets.items()
+        ]
+
+
+def _names(loaded: list[tuple[str | None, Translator, list[str]]]) -> list[str]:
+    """Each model's name: its own, or "<src>-<tgt>" from its checkpoint; all distinct."""
+    names: list[str] = []
+    for i, (name, translator, paths) in enumerate(loaded):
+        if name is None:
+            name = f"{translator.src_lang or 'src'}-{translator.tgt_lang or 'tgt'}"
+            if name in names:
+                raise NmtError(
+                    f"models[{i}].name=null: {paths[0]} would be called {name} (its languages), "
+                    f"as models[{names.index(name)}] is; give each model a name"
+                )
+        names.append(name)
+    return names
+
+
+def _reporter(on_batch: Callable[[str, int, float], None], name: str):
+    return lambda sentences, seconds: on_batch(name, sentences, seconds)

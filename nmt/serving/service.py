@@ -1,0 +1,269 @@
+"""What every route does with text: check the limits, queue a Job on the model's
+BatchQueue, and await its answer within the request timeout. The model's worker turns
+text into ids, decodes, and builds the answer (the `finish` functions here), so the event
+loop only parses requests and writes JSON. The routes (libretranslate.py, native.py) only
+parse and shape answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig, check_nbest
+from nmt.generation.encoding import PieceNames, target_ids
+from nmt.generation.translator import TargetScore
+from nmt.serving.batching import SCORE, TRANSLATE, Closed, Job, QueueFull
+from nmt.serving.config import SEARCH_KEYS, ServeConfig
+from nmt.serving.errors import ApiError, bad_request, too_large
+from nmt.serving.models import ModelRegistry, ServedModel
+
+
+@dataclass
+class Answer:
+    """A job's answer (what its `finish` built) and the warnings about its input."""
+
+    value: Any
+    warnings: list[str]
+
+
+class Service:
+    """The server's translation work over its models (None while they load)."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.models: ModelRegistry | None = None
+        self.source_pieces: dict[str, PieceNames] = {}
+
+    def ready(self, models: ModelRegistry) -> None:
+        self.source_pieces = {m.name: PieceNames(m.translator.src_tokenizer) for m in models.models}
+        self.models = models
+
+    def registry(self) -> ModelRegistry:
+        if self.models is None:
+            raise ApiError(503, "the models are loading; retry in a moment", kind="loading")
+        return self.models
+
+    def find(self, name: str | None, source: str | None, target: str | None) -> ServedModel:
+        """A model by name, else by its language pair, else the only one."""
+        models = self.registry()
+        if name is None and (source or target):
+            if source is None or target is None:
+                missing = "target" if source else "source"
+                raise bad_request(f"{missing}=null: give source and target, or model=")
+            return models.for_pair(source, target)
+        model = models.named(name)
+        for key, value, own in (("source", source, model.source), ("target", target, model.target)):
+            if value is not None and value != own and not (key == "source" and value == "auto"):
+                raise bad_request(
+                    f"{key}={value}: model {model.name} translates {own}; drop {key}="
+                )
+        return model
+
+    def check_key(self, given: str | None) -> None:
+        """The request's API key must be the server's, when the server has one."""
+        want = self.cfg.api_key
+        if want is None:
+            return
+        if given is None or not hmac.compare_digest(given.encode(), want.encode()):
+            raise ApiError(
+                403,
+                "api_key: missing or not this server's; send the key as api_key (or in an "
+                "Authorization: Bearer header)",
+                kind="unauthorized",
+            )
+
+    def check_size(self, what: str, texts: Sequence[str], extra_chars: int = 0) -> None:
+        """Characters and sentences per request (413 beyond them)."""
+        chars = sum(len(t) for t in texts) + extra_chars
+        if chars > self.cfg.max_request_chars:
+            raise too_large(
+                f"{what}: {chars} characters, more than this server takes in one request "
+                f"({self.cfg.max_request_chars}); send the text in several requests"
+            )
+        if len(texts) > self.cfg.max_request_sentences:
+            raise too_large(
+                f"{what}: {len(texts)} sentences, more than this server takes in one request "
+                f"({self.cfg.max_request_sentences}); send them in several requests"
+            )
+
+    def search(self, model: ServedModel, overrides: dict[str, Any]) -> SearchConfig:
+        """The model's search with the request's options over it, checked (400)."""
+        unknown = set(overrides) - set(SEARCH_KEYS)
+        if unknown:
+            raise bad_request(f"{sorted(unknown)[0]}: not a search option")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if not given:
+            return model.search
+        search = dataclasses.replace(model.search, **given)
+        try:
+            search.validate()
+        except NmtError as exc:
+            raise bad_request(str(exc)) from None
+        return search
+
+    async def translate(
+        self,
+        model: ServedModel,
+        texts: Sequence[str],
+        finish: Callable[[Job], Any],
+        *,
+        search: SearchConfig,
+        prefixes: Sequence[str | None] | None = None,
+        nbest: int | None = None,
+        alignment: bool = False,
+        where: str = "texts",
+    ) -> Answer:
+        """Translate `texts` (each one sentence) with `search` through the model's queue;
+        `finish(job)` builds the answer from job.results (hypotheses per text) in the
+        worker (texts_of, translations_of)."""
+        nbest = search.nbest if nbest is None else nbest
+        try:
+            check_nbest(nbest, search.beam)
+        except NmtError as exc:
+            raise bad_request(str(exc)) from None
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise bad_request(
+                f"prefixes: {len(prefixes)} of them for {len(texts)} texts; give one "
+                "prefix (or null) per text"
+            )
+        translator = model.translator_for(search)
+        job = Job(
+            translator,
+            # one translator per search (ServedModel keeps them): its identity is the search's
+            kind=(TRANSLATE, translator, alignment),
+            texts=texts,
+            prefixes=prefixes,
+            nbest=nbest,
+            alignment=alignment,
+            merge=not search.sampling,
+            where=where,
+            finish=finish,
+        )
+        return await self._run(model, job)
+
+    async def score(
+        self,
+        model: ServedModel,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        search: SearchConfig,
+    ) -> Answer:
+        """Forced decoding of each target given its source: TargetScores (as
+        Translator.score gives them)."""
+        if len(sources) != len(targets):
+            raise bad_request(
+                f"targets: {len(targets)} of them for {len(sources)} sources; give one "
+                "target per source"
+            )
+        job = Job(
+            model.translator_for(search),
+            kind=(SCORE, search.lenpen),
+            texts=sources,
+            op=SCORE,
+            targets=targets,
+            where="sources",
+            finish=target_scores,
+        )
+        return await self._run(model, job)
+
+    async def _run(self, model: ServedModel, job: Job) -> Answer:
+        try:
+            future = model.queue.submit(job)
+        except QueueFull:
+            raise ApiError(
+                503,
+                f"model {model.name}: {model.queue.queued} sentences are waiting already "
+                f"(max_queue={self.cfg.max_queue}); retry in a moment",
+                kind="busy",
+            ) from None
+        except Closed:
+            raise ApiError(
+                503, "the server is stopping; retry on another", kind="stopping"
+            ) from None
+        try:
+            value = await asyncio.wait_for(asyncio.wrap_future(future), self.cfg.request_timeout)
+        except asyncio.TimeoutError:
+            raise ApiError(
+                503,
+                f"request_timeout={self.cfg.request_timeout:g}: not translated in time (the "
+                "server is busy); retry later, or send fewer sentences",
+                kind="timeout",
+            ) from None
+        except NmtError as exc:  # a line the model refuses (overlong=error)
+            raise too_large(str(exc)) from None
+        return Answer(value, job.warnings)
+
+
+# -- answers, built by the model's worker (Job.finish) ----------------------------------
+
+
+def texts_of(job: Job) -> list[list[str]]:
+    """Per text, the text of each translation, best first ([""] for an empty text)."""
+    decode = job.translator.tgt_tokenizer.decode
+    return [[decode(target_ids(h)) for h in hyps] or [""] for hyps in job.results]
+
+
+def translations_of(
+    scores: bool, alignment: bool, attention: PieceNames | None
+) -> Callable[[Job], list[dict]]:
+    """finish for nmt's API: per text {"translations": [...]} as Translator.translate_batch
+    gives them, and with `attention` (the source's piece names) the best translation's
+    cross-attention."""
+
+    def finish(job: Job) -> list[dict]:
+        translator = job.translator
+        out = []
+        for src, hyps in zip(job.sources, job.results):
+            translations = translator.translations(
+                hyps, len(src), scores=scores, alignment=alignment
+            )
+            result: dict[str, Any] = {"translations": [_translation(t) for t in translations]}
+            if attention is not None:
+                result["attention"] = _attention(job, src, hyps, attention)
+            out.append(result)
+        return out
+
+    return finish
+
+
+def target_scores(job: Job) -> list[TargetScore]:
+    pieces = job.translator.pieces
+    return [
+        TargetScore(
+            log_prob=float(h.positional_scores.sum()),
+            token_scores=h.positional_scores.tolist(),
+            score=h.score,
+            pieces=pieces(target_ids(h)),
+        )
+        for h in job.results
+    ]
+
+
+def _translation(t) -> dict:
+    out: dict[str, Any] = {"text": t.text, "pieces": t.pieces}
+    if t.score is not None:
+        out["score"] = t.score
+        out["token_scores"] = t.token_scores
+    if t.alignment is not None:
+        out["alignment"] = [list(pair) for pair in t.alignment]
+    return out
+
+
+def _attention(job: Job, src, hyps, source_pieces: PieceNames) -> dict:
+    """The best hypothesis' cross-attention: rows are its target pieces (then </s>),
+    columns the source pieces (then </s>)."""
+    if not hyps or hyps[0].attention is None:
+        return {"source": [], "target": [], "weights": []}
+    h = hyps[0]
+    weights = h.attention[: len(h.tokens), : len(src)]  # [T,S]
+    return {
+        "source": source_pieces(src.tolist()),
+        "target": job.translator.pieces(h.tokens.tolist()),
+        "weights": [[round(w, 4) for w in row] for row in weights.tolist()],
+    }

@@ -1,0 +1,173 @@
+"""Across machines: 2 nodes x 1 process (two torchrun agents meeting through a c10d
+rendezvous on loopback, gloo) train exactly as 1 node x 2 processes.
+
+Both runs are real torchrun jobs of the same worker; the comparison is between their final
+weights and validation figures (docs/training.md, "Several machines").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import last_params
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(tmp_path: Path, data_dir: Path) -> Path:
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from helpers import NO_DROPOUT, run_training, tiny_config
+        save_dir = Path(sys.argv[1])
+        # every rank writes where it ran, so the test can tell the nodes apart
+        (save_dir.parent / f"{{save_dir.name}}.rank{{os.environ['RANK']}}").write_text(
+            os.environ["GROUP_RANK"] + " " + os.environ["LOCAL_RANK"] + " " + os.environ["WORLD_SIZE"])
+        run_training(tiny_config(Path({str(data_dir)!r}), save_dir, update_freq=1,
+                                 model=NO_DROPOUT, max_update=10, valid_split="test",
+                                 clip_norm=0.5))
+    """)
+    )
+    return worker
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def test_two_nodes_equal_one_node_with_two_processes(demo_data_dir: Path, tmp_path: Path) -> None:
+    worker = _worker(tmp_path, demo_data_dir)
+    one_node = subprocess.run(
+        _torchrun("--standalone", "--nproc-per-node", "2", str(worker), str(tmp_path / "one")),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert one_node.returncode == 0, one_node.stderr[-2000:]
+
+    port = _free_port()
+    agents = [
+        subprocess.Popen(
+            _torchrun(
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "nmt-two-nodes",
+                "--max-restarts",
+                "0",
+                str(worker),
+                str(tmp_path / "two"),
+            ),  # fmt: skip
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outs = [agent.communicate(timeout=240) for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    for agent, (_, err) in zip(agents, outs):
+        assert agent.returncode == 0, err[-2000:]
+    # two nodes (GROUP_RANK 0 and 1), one process each (LOCAL_RANK 0), two ranks in all
+    where = sorted((tmp_path / f"two.rank{r}").read_text() for r in range(2))
+    assert where == ["0 0 2", "1 0 2"]
+
+    one, two = last_params(tmp_path / "one"), last_params(tmp_path / "two")
+    assert one.keys() == two.keys()
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one)
+    assert worst <= 1e-6
+    events = {
+        run: [
+            json.loads(line) for line in (tmp_path / run / "train.jsonl").read_text().splitlines()
+        ]
+        for run in ("one", "two")
+    }
+    for run in events.values():  # both trained 10 updates (not two untouched initialisations)
+        assert [e["update"] for e in run if e["type"] == "stop"] == [10]
+    valid = [[e for e in events[run] if e["type"] == "valid"][-1] for run in ("one", "two")]
+    assert valid[0]["loss"] == pytest.approx(valid[1]["loss"], abs=1e-6)
+    assert valid[0]["ntokens"] == valid[1]["ntokens"] > 0
+
+
+def test_a_rank_that_does_not_see_the_checkpoint_stops_the_run(
+    demo_data_dir: Path, tmp_path: Path
+) -> None:
+    """save_dir not shared: rank 0 would resume while rank 1 starts afresh; both refuse."""
+    (tmp_path / "run0").mkdir()
+    (tmp_path / "run0" / "checkpoint_last.pt").write_bytes(b"rank 0's checkpoint")
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        import os
+        from nmt.cli import main
+        main("train", ["data={demo_data_dir}", "save_dir={tmp_path}/run" + os.environ["RANK"],
+                       "train_split=valid", "valid_split=''", "max_update=2", "threads=1",
+                       "device=cpu", "ddp_timeout=60", "tensorboard=false", "progress_bar=false",
+                       "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
+                       "model.decoder_layers=1", "model.attention_heads=2"])
+    """)
+    )
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **_env(),
+                "RANK": str(r),
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+            },
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for r, (proc, (_, err)) in enumerate(zip(procs, outs)):
+        assert proc.returncode == 2, err[-2000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(
+            f"nmt-train: error: {tmp_path}/run{r}/checkpoint_last.pt: ranks [0] see it, ranks [1] "
+            "do not"
+        ), last
+        assert "put save_dir on storage every machine shares" in last
+    assert (tmp_path / "run0" / "checkpoint_last.pt").read_bytes() == b"rank 0's checkpoint"
