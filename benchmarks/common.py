@@ -85,14 +85,20 @@ class Timing:
 
 
 @contextlib.contextmanager
-def timed() -> Iterator[Timing]:
+def timed(sync: Callable[[], None] | None = None) -> Iterator[Timing]:
     """`with timed() as t: work()`, then t.wall, t.cpu (this process and its finished
-    children), t.faults."""
+    children), t.faults. `sync` is called before each clock is read: on a GPU
+    (torch.cuda.synchronize) the work queued before the start is not counted in, and the
+    work queued inside is finished before the end is read."""
     t = Timing()
+    if sync is not None:
+        sync()
     wall, cpu, faults = time.perf_counter(), cpu_seconds(), minor_faults()
     try:
         yield t
     finally:
+        if sync is not None:
+            sync()
         t.wall = time.perf_counter() - wall
         t.cpu = cpu_seconds() - cpu
         t.faults = minor_faults() - faults
@@ -463,16 +469,17 @@ def interleave(
     turns: int,
     *,
     on_turn: Callable[[int, list[Timing]], None] | None = None,
+    sync: Callable[[], None] | None = None,
 ) -> list[list[Timing]]:
     """Run every contestant once per turn (contestant(turn)), in balanced_orders, timing
     each run: timings[contestant][turn]. `on_turn(turn, that turn's timings)` reports
-    progress."""
+    progress; `sync`: see `timed` (torch.cuda.synchronize for work on a GPU)."""
     orders = balanced_orders(len(contestants))
     timings: list[list[Timing]] = [[] for _ in contestants]
     for turn in range(turns):
         this_turn: list[Timing] = [Timing() for _ in contestants]
         for c in orders[turn % len(orders)]:
-            with timed() as t:
+            with timed(sync) as t:
                 contestants[c](turn)
             this_turn[c] = t
             timings[c].append(t)

@@ -16,9 +16,15 @@ for a paired comparison with fairseq on the same machine.
     .venv/bin/python -m benchmarks.preprocess --keep work/bench/data-bin   # a data dir, once
     .venv/bin/python -m benchmarks.train --data work/bench/data-bin --threads 2
 
-Model FLOPs count the matmuls of forward and backward (3x forward) on the real (unpadded)
-tokens of the measured batches: projections, FFN, attention scores and values (the causal
-half included, as computed) and the output layer.
+Model FLOPs are the usual estimate (issue 20): 6 x (encoder parameters x source tokens
++ (decoder parameters + output projection parameters) x target tokens), forward and
+backward of every weight once per real (unpadded) token; the embeddings are lookups and
+not counted, attention's own scores and values neither (about 1.26 GFLOP per target
+token for transformer_big with a 32k joint vocabulary and sources as long as targets).
+MFU (model FLOPs utilisation) is the model FLOP/s as a fraction of the device's dense
+bf16 peak (DENSE_BF16_PEAK_TFLOPS by device name; `--peak-tflops` for another device,
+or for the CPU, where MFU is n/a otherwise), for every precision alike. On CUDA each
+clock is read after torch.cuda.synchronize, so the timings cover the queued GPU work.
 """
 
 from __future__ import annotations
@@ -28,11 +34,10 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from benchmarks import common
 
@@ -60,16 +65,62 @@ def matmul_peak(dtype: Any, n: int = 2048, seconds: float = 1.0, device: str = "
     return 2.0 * n**3 / best
 
 
-def batch_flops(model_cfg: Any, vocab: int, src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
-    """Training FLOPs (forward + backward = 3x forward) of one batch of real tokens."""
-    d, f = model_cfg.embed_dim, model_cfg.ffn_dim
-    s, t = src_lens.astype(np.float64), tgt_lens.astype(np.float64)
-    enc = model_cfg.encoder_layers * ((4 * d * d + 2 * d * f) * s.sum() + 2 * d * (s**2).sum())
-    dec_self = 4 * d * d * t.sum() + 2 * d * (t**2).sum()
-    dec_cross = 2 * d * d * t.sum() + 2 * d * d * s.sum() + 2 * d * (s * t).sum()
-    dec = model_cfg.decoder_layers * (dec_self + dec_cross + 2 * d * f * t.sum())
-    output = d * vocab * t.sum()
-    return 3 * 2 * (enc + dec + output)
+@dataclass(frozen=True)
+class ModelParams:
+    """The parameters whose matmuls training runs per token, by where they act."""
+
+    encoder: int  # the encoder's layers and LayerNorms: per source token
+    decoder: int  # the decoder's layers and LayerNorms: per target token
+    output: int  # the output projection [V,D] (tied or not): per target token
+
+    def training_flops(self, src_tokens: float, tgt_tokens: float) -> float:
+        """Forward + backward FLOPs (6 per parameter and token) of a batch of real tokens."""
+        return 6.0 * (self.encoder * src_tokens + (self.decoder + self.output) * tgt_tokens)
+
+
+def model_params(model_cfg: Any, src_vocab: int, tgt_vocab: int) -> ModelParams:
+    """ModelParams of nmt's Transformer with `model_cfg`, counted on a model built on the
+    meta device (no memory): token and position embeddings excluded (lookups)."""
+    import torch
+
+    from nmt.model.transformer import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(model_cfg, src_vocab, tgt_vocab)
+
+    def count(module: Any, skip: tuple[str, ...]) -> int:
+        return sum(p.numel() for n, p in module.named_parameters() if not n.startswith(skip))
+
+    lookups = ("embed_tokens.", "embed_positions.")
+    return ModelParams(
+        encoder=count(model.encoder, lookups),
+        decoder=count(model.decoder, (*lookups, "output_projection.")),
+        output=model.output_weight.numel(),
+    )
+
+
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by a part of torch's device name;
+# the first match counts, None: not known (give --peak-tflops).
+DENSE_BF16_PEAK_TFLOPS: tuple[tuple[str, float | None], ...] = (
+    ("H100 PCIe", None),
+    ("H100 NVL", None),
+    ("H100", 989.0),  # SXM
+    ("H200", 989.0),
+    ("A100", 312.0),
+)
+
+
+def device_peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name (DENSE_BF16_PEAK_TFLOPS), None if unknown."""
+    for part, peak in DENSE_BF16_PEAK_TFLOPS:
+        if part.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def mfu_text(flop_s: float, peak_tflops: float | None) -> str:
+    """'12.3%' of the peak, or 'n/a' without one."""
+    return "n/a" if not peak_tflops else f"{100 * flop_s / (peak_tflops * 1e12):.1f}%"
 
 
 def train_overrides(
@@ -166,10 +217,10 @@ def run_sequential(args: argparse.Namespace, precision: str) -> dict[str, Any]:
     seconds = sum(e["tokens"] / e["tok_s"] for e in measured)
     tokens = sum(e["tokens"] for e in measured)
     first = min(e["update"] for e in measured) - args.log_interval  # updates not measured
+    meta = trainer.data.meta
+    params = model_params(cfg.model, meta.src_vocab_size, meta.tgt_vocab_size)
     flops = sum(
-        batch_flops(
-            cfg.model, trainer.data.meta.tgt_vocab_size, data.src_sizes[b], data.tgt_sizes[b]
-        )
+        params.training_flops(float(data.src_sizes[b].sum()), float(data.tgt_sizes[b].sum()))
         for b in batches[first : result.num_updates]
     )
     return {
@@ -180,6 +231,13 @@ def run_sequential(args: argparse.Namespace, precision: str) -> dict[str, Any]:
         "intervals": len(measured),
         "losses": losses,
     }
+
+
+def device_sync(device: str) -> Callable[[], None] | None:
+    """torch.cuda.synchronize on a CUDA device (read before each clock), else None."""
+    import torch
+
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else None
 
 
 def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dict[str, Any]]:
@@ -201,7 +259,8 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
             rngs.append(rng_state())
             trainers[-1].meter.start_run()
         first = trainers[0]
-        data, vocab = first.data.train, first.data.meta.tgt_vocab_size
+        data, meta = first.data.train, first.data.meta
+        params = model_params(first.cfg.model, meta.src_vocab_size, meta.tgt_vocab_size)
         batches = first.data.epoch_batches(1)
         _check_epoch(batches, args.updates)
         chunks = [
@@ -210,8 +269,9 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
         ]
         tokens = [int(sum(data.tgt_sizes[b].sum() for b in chunk)) for chunk in chunks]
         flops = [
-            sum(
-                batch_flops(first.cfg.model, vocab, data.src_sizes[b], data.tgt_sizes[b]) for b in c
+            params.training_flops(
+                float(sum(data.src_sizes[b].sum() for b in c)),
+                float(sum(data.tgt_sizes[b].sum() for b in c)),
             )
             for c in chunks
         ]
@@ -233,7 +293,10 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
             print(f"  interval {turn + 1}/{len(chunks)}: target tok/s {rates}", flush=True)
 
         timings = common.interleave(
-            [contestant(i) for i in range(len(precisions))], len(chunks), on_turn=progress
+            [contestant(i) for i in range(len(precisions))],
+            len(chunks),
+            on_turn=progress,
+            sync=device_sync(args.device),
         )
         losses = [_losses(Path(tmp) / p) for p in precisions]
     skip = args.warmup // args.log_interval
@@ -259,6 +322,16 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
                 results[0]["wall_per_interval"], r["wall_per_interval"]
             )
     return results
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0")
+    return number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="time the matmul peak of each precision this long (0: skip it)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=positive_float,
+        default=None,
+        help="the device's dense bf16 peak in TFLOP/s, for MFU (default: by GPU name, "
+        "H100 SXM/H200 989, A100 312; none on a CPU: MFU n/a)",
     )
     p.add_argument(
         "--no-fairseq-shape",
@@ -324,15 +404,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if len(set(args.precisions)) != len(args.precisions):
         raise common.BenchError(f"--precisions {' '.join(args.precisions)}: each at most once")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
         raise common.BenchError(f"--device {args.device}: CUDA is not available; use cpu")
+    if cuda and not args.interleave:
+        raise common.BenchError(
+            "--sequential: reads the training loop's own clock, which does not wait for "
+            "the GPU; on CUDA use the default (interleaved) mode"
+        )
     torch.set_num_threads(args.threads)
-    where = (
-        torch.cuda.get_device_name()
-        if args.device.startswith("cuda") and torch.cuda.is_available()
-        else f"{args.threads} threads"
-    )
+    device_name = torch.cuda.get_device_name(args.device) if cuda else common.cpu_model()
+    peak_tflops = args.peak_tflops or (device_peak_tflops(device_name) if cuda else None)
+    where = device_name if cuda else f"{args.threads} threads"
     print(f"# torch {torch.__version__}, {where}, load average {common.load_average():.2f}")
+    print(
+        "# MFU against a dense bf16 peak of "
+        + (
+            f"{peak_tflops:g} TFLOP/s"
+            if peak_tflops
+            else f"n/a ({device_name}: not known; give --peak-tflops)"
+        )
+    )
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     peaks: dict[str, float | None] = dict.fromkeys(["fp32", *args.precisions])
     if args.peak_seconds > 0:
@@ -360,9 +452,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"{args.model} {r['precision']}: {r['tok_s']:7.0f} target tok/s (median of "
             f"{r['intervals']} intervals {r['tok_s_median']:.0f}), {r['flop_s'] / 1e9:6.1f} "
-            f"model GFLOP/s{share}, {r['tok_s'] / base['tok_s']:.2f}x {base['precision']}"
+            f"model GFLOP/s, MFU {mfu_text(r['flop_s'], peak_tflops)}{share}, "
+            f"{r['tok_s'] / base['tok_s']:.2f}x {base['precision']}"
         )
         r["matmul_peak_flop_s"] = peak
+        r["mfu"] = r["flop_s"] / (peak_tflops * 1e12) if peak_tflops else None
     for r in results[1:]:
         if "ratio_to_first" in r:
             print(f"{r['precision']}/{base['precision']} (interleaved): {r['ratio_to_first']}")
@@ -376,6 +470,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "log_interval": args.log_interval,
         "max_tokens": args.max_tokens,
         "interleaved": args.interleave,
+        "device": device_name,
+        "peak_tflops": peak_tflops,
+        "flops_per_target_token": base["flop_s"] / base["tok_s"],  # the batches' mix
         "results": results,
     }
 
