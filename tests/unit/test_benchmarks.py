@@ -26,6 +26,9 @@ MODULES = [
     "fairseq_generate",
     "train_paired",
     "generate_paired",
+    "scale",
+    "serve",
+    "make_corpus",
 ]
 DEMO = common.REPO / "data" / "demo"
 BEFORE_ISSUE_16 = "f3ffaaf"  # old APIs: Trainer(cfg)._train_step, nmt.commands.generate.Translator
@@ -97,6 +100,14 @@ def test_every_benchmark_is_a_module_with_help_and_json(name, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert f"usage: benchmarks.{name}" in out and "--json FILE" in out
+
+
+def test_every_module_of_the_package_is_a_benchmark_run_by_common_main():
+    names = {p.stem for p in (common.REPO / "benchmarks").glob("*.py")} - {"__init__", "common"}
+    assert names == set(MODULES)
+    for name in MODULES:
+        source = (common.REPO / "benchmarks" / f"{name}.py").read_text()
+        assert 'if __name__ == "__main__":' in source and "common.main(" in source, name
 
 
 def test_no_sys_path_tweaks_in_the_benchmarks_or_scripts():
