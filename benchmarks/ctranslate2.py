@@ -6,9 +6,9 @@ counts) with the ratio nmt / CTranslate2 from this one run, plus how many fp32
 translations are identical. Tokenization, model loading and warm-up are outside the timing.
 
     .venv/bin/python -m benchmarks.ctranslate2 --checkpoint runs/demo/checkpoint_best.pt
-    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \
+    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
         --beam 5 --threads 2 --max-sentences 64 --profile
-    .venv/bin/python -m benchmarks.ctranslate2 --preset small --spm work/bench/data-bin/spm.model \
+    .venv/bin/python -m benchmarks.ctranslate2 --preset small --spm work/bench/data-bin/spm.model \\
         --input ../shared/data/multi30k/test_2016_flickr.en
 
 --preset benchmarks a random model of a configs/model preset instead of a trained one:

@@ -1,6 +1,6 @@
 """Benchmark `serve`: nmt-serve under load against offline nmt-generate, same model and text.
 
-    .venv/bin/python -m benchmarks.serve --checkpoint runs/demo/checkpoint_best.pt \
+    .venv/bin/python -m benchmarks.serve --checkpoint runs/demo/checkpoint_best.pt \\
         --input data/demo/test.en --threads 1 [--clients 1,8,32] [--rounds 3] [--json out.json]
 
 A bounded, closed-loop load generator (asyncio) on 127.0.0.1: at each level, that many

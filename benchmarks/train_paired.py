@@ -2,7 +2,7 @@
 
 Separate runs on a shared machine cannot tell a 5% gain from drift. This benchmark imports
 a second copy of nmt from a git revision (benchmarks.common.import_revision, as the
-package `nmt_before`), builds one Trainer per version and precision in the same process
+package nmt_at_<commit>), builds one Trainer per version and precision in the same process
 (nmt.training.build_training, or the Trainer class of revisions before issue 16, such as
 f3ffaaf), and lets them train in turns on the same fresh batches, `--chunk` updates each.
 
