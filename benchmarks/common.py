@@ -461,7 +461,27 @@ def balanced_orders(n: int) -> list[list[int]]:
     orders = [[(c + shift) % n for c in first] for shift in range(n)]
     if n % 2:
         orders += [list(reversed(o)) for o in orders]
-    return orders
+    return _chained(orders)
+
+
+def _chained(orders: list[list[int]]) -> list[list[int]]:
+    """The same orders, arranged so that no contestant runs twice in a row at a turn's
+    boundary, the cycle's own end included (it repeats). For odd n the reversed orders
+    appended as they are put contestants 0 and 1 after themselves once per cycle and
+    the others never: a bias. For n = 2 no arrangement avoids it, and both contestants
+    follow themselves equally often."""
+
+    def search(chain: list[list[int]], left: list[list[int]]) -> list[list[int]] | None:
+        if not left:
+            return chain if chain[-1][-1] != chain[0][0] else None
+        for i, order in enumerate(left):
+            if order[0] != chain[-1][-1]:
+                found = search([*chain, order], left[:i] + left[i + 1 :])
+                if found is not None:
+                    return found
+        return None
+
+    return search(orders[:1], orders[1:]) or orders
 
 
 def interleave(
