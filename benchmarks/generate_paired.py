@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len-b", type=int, default=2)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument(
-        "--passes", type=common.positive_int, default=2, help="passes over the input per version"
+        "--passes",
+        type=common.positive_int,
+        default=2,
+        help="passes over the input per version (even: each batch first in each version's "
+        "turn equally often)",
     )
     p.add_argument(
         "--spm",
@@ -105,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     outputs: dict[str, dict[int, list[int]]] = {name: {} for name in versions}
     for translate in versions.values():
         translate(batches[0])  # warm-up: first-call allocations and kernel selection
-    turns = [(p, i) for p in range(args.passes) for i in range(len(batches))]
+    turns = pass_turns(args.passes, len(batches))
 
     def contestant(name: str):
         translate = versions[name]
@@ -153,6 +157,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "after_over_before": ratios,
         "identical_translations": same,
     }
+
+
+def pass_turns(passes: int, batches: int) -> list[tuple[int, int]]:
+    """(pass, batch) of each turn: odd passes go through the batches backwards.
+
+    With two versions the turn orders alternate (before first, then after first), so in
+    passes taken forwards alone a batch would meet the same order in every pass (with an
+    even number of batches): one version would always go first on the even batches, the
+    other on the odd ones, which are not the same work (the batches are length-sorted).
+    Backwards, every batch meets the other order in the next pass: over an even number
+    of passes each batch is run first by each version equally often."""
+    return [
+        (p, i)
+        for p in range(passes)
+        for i in (range(batches) if p % 2 == 0 else reversed(range(batches)))
+    ]
 
 
 def encoder_batches(sources: list[Any], batch: int) -> list[Any]:

@@ -252,3 +252,16 @@ def test_import_revision_refuses_an_unknown_revision():
     with pytest.raises(common.BenchError, match="--before no-such-rev: not a revision"):
         common.import_revision("no-such-rev", "nmt_rev_bad")
     assert "nmt_rev_bad" not in sys.modules
+
+
+@pytest.mark.parametrize("batches", [3, 4])
+def test_generate_paired_gives_every_batch_both_orders_over_two_passes(batches):
+    from benchmarks.generate_paired import pass_turns
+
+    turns = pass_turns(2, batches)
+    assert sorted(turns) == [(p, i) for p in range(2) for i in range(batches)]
+    orders = common.balanced_orders(2)
+    first = {}  # batch -> the version first in its turn, per pass
+    for turn, (_, batch) in enumerate(turns):
+        first.setdefault(batch, []).append(orders[turn % len(orders)][0])
+    assert all(sorted(f) == [0, 1] for f in first.values())
