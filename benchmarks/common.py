@@ -192,6 +192,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": memory_gib(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "openmp_waiting": openmp_waiting(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
@@ -202,9 +203,11 @@ def describe_machine(m: Mapping[str, Any]) -> str:
     load = m.get("load_average", {})
     loads = ", ".join(f"{load[k]:.2f} at the {k}" for k in ("start", "end") if k in load)
     flags = "/".join(m["cpu_flags"]) or "no AVX-512"
+    waiting = f", {m['openmp_waiting'].split(' (')[0]}" if m.get("openmp_waiting") else ""
     return (
         f"{m['cpu']}, {m['cores']} cores ({flags}), torch {m['torch']}, "
-        f"{m['torch_threads']} torch threads" + (f"; load average {loads}" if loads else "")
+        f"{m['torch_threads']} torch threads{waiting}"
+        + (f"; load average {loads}" if loads else "")
     )
 
 
@@ -335,14 +338,20 @@ def main(
     build_parser: Callable[[], argparse.ArgumentParser],
     run: Callable[[argparse.Namespace], Mapping[str, Any]],
     argv: Sequence[str] | None = None,
+    *,
+    passive: bool = False,
 ) -> int:
     """Parse, run, report. `run` prints its figures and returns them for the JSON report;
     BenchError and nmt's NmtError become `benchmarks.NAME: error: <one line>`, exit 2;
-    Ctrl-C a one-line note, exit 130."""
+    Ctrl-C a one-line note, exit 130. `passive` (the benchmarks that compute in this
+    process): run with OpenMP's passive waiting (see passive_openmp), re-executing the
+    command once when torch was loaded before it could be set."""
     from nmt.errors import NmtError
 
     ap = build_parser()
     args = ap.parse_args(argv)
+    if passive and argv is None:
+        reexec_passive(name)
     shown = ["python", "-m", f"benchmarks.{name}", *(sys.argv[1:] if argv is None else argv)]
     report = Report(name, shlex.join(shown))
     try:
@@ -571,6 +580,44 @@ def paired_ratios(base: Sequence[Timing], other: Sequence[Timing]) -> dict[str, 
     }
 
 
+_SET_BY_US = "BENCHMARKS_SET_OMP_WAIT_POLICY"  # marks the variable as the benchmark's own
+
+
+def reexec_passive(name: str) -> None:
+    """Unless OMP_WAIT_POLICY is set: set it to PASSIVE and run `python -m
+    benchmarks.<name>` again with the same arguments (OpenMP reads it when torch loads,
+    which the module's imports have done already). Returns only when it is set."""
+    if os.environ.get("OMP_WAIT_POLICY"):
+        return
+    if "torch" not in sys.modules:
+        passive_openmp()
+        return
+    passive_environment()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", f"benchmarks.{name}", *sys.argv[1:]])
+
+
+def passive_environment() -> None:
+    """OMP_WAIT_POLICY=PASSIVE in this process's environment, for the torch it has yet to
+    load and for its subprocesses, unless the variable is set already."""
+    if not os.environ.get("OMP_WAIT_POLICY"):
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ[_SET_BY_US] = "1"
+
+
+def openmp_waiting() -> str:
+    """A line saying which OpenMP waiting is in effect (for the report)."""
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    if not policy:
+        return "OMP_WAIT_POLICY unset: OpenMP's default waiting (spinning)"
+    if os.environ.get(_SET_BY_US):
+        return (
+            f"OMP_WAIT_POLICY={policy} (set by the benchmark; OMP_WAIT_POLICY=ACTIVE to override)"
+        )
+    return f"OMP_WAIT_POLICY={policy} (from the environment)"
+
+
 def passive_openmp() -> str:
     """Make torch's OpenMP threads sleep instead of spin when they wait (the paired
     benchmarks call it first thing), unless OMP_WAIT_POLICY is set already; returns a
@@ -581,11 +628,11 @@ def passive_openmp() -> str:
     reads the variable once, when torch loads, so it must be set before that.
     """
     if os.environ.get("OMP_WAIT_POLICY"):
-        return f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} (from the environment)"
+        return openmp_waiting()
     if "torch" in sys.modules:
         return "OMP_WAIT_POLICY unset, torch already loaded: OpenMP's default waiting"
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return "OMP_WAIT_POLICY=PASSIVE (set by the benchmark; OMP_WAIT_POLICY=ACTIVE to override)"
+    passive_environment()
+    return openmp_waiting()
 
 
 # ---------------------------------------------------------------- paired runs: git revisions

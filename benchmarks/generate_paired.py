@@ -186,4 +186,4 @@ def encoder_batches(sources: list[Any], batch: int) -> list[Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(NAME, build_parser, run))
+    raise SystemExit(common.main(NAME, build_parser, run, passive=True))

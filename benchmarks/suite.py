@@ -329,8 +329,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """The suite, or (--worker) one of its measurements in this subprocess."""
+    command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if command_line and not args.worker:
+        common.passive_environment()  # for the workers: see common.passive_openmp
     if args.worker:
         worker_main(args.worker, args.params, args.result)
         return 0

@@ -478,4 +478,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(NAME, build_parser, run))
+    raise SystemExit(common.main(NAME, build_parser, run, passive=True))

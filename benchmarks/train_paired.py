@@ -248,4 +248,4 @@ def mean_loss(trainer: Any) -> float | None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(NAME, build_parser, run))
+    raise SystemExit(common.main(NAME, build_parser, run, passive=True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -265,3 +266,34 @@ def test_generate_paired_gives_every_batch_both_orders_over_two_passes(batches):
     for turn, (_, batch) in enumerate(turns):
         first.setdefault(batch, []).append(orders[turn % len(orders)][0])
     assert all(sorted(f) == [0, 1] for f in first.values())
+
+
+def test_passive_waiting_reexecutes_a_command_line_run_once(monkeypatch):
+    environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    monkeypatch.setattr(os, "environ", environ)
+    monkeypatch.setattr(sys, "argv", ["/x/benchmarks/train.py", "--data", "d"])
+    calls = []
+    monkeypatch.setattr(os, "execv", lambda exe, argv: calls.append((exe, argv)))
+    assert "torch" in sys.modules  # loaded by the imports, so the variable comes too late
+    common.reexec_passive("train")
+    assert calls == [(sys.executable, [sys.executable, "-m", "benchmarks.train", "--data", "d"])]
+    assert environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert common.openmp_waiting().startswith("OMP_WAIT_POLICY=PASSIVE (set by the benchmark")
+    common.reexec_passive("train")  # the re-executed run: set, so it goes on
+    assert len(calls) == 1
+
+
+def test_a_policy_from_the_environment_is_kept(monkeypatch):
+    monkeypatch.setattr(os, "environ", {"OMP_WAIT_POLICY": "ACTIVE"})
+    monkeypatch.setattr(os, "execv", lambda *a: pytest.fail("no re-exec"))
+    common.reexec_passive("train")
+    assert common.openmp_waiting() == "OMP_WAIT_POLICY=ACTIVE (from the environment)"
+    assert common.machine()["openmp_waiting"] == common.openmp_waiting()
+
+
+def test_main_never_reexecutes_an_in_process_call(monkeypatch, capsys):
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()})
+    os.environ.pop("OMP_WAIT_POLICY", None)
+    monkeypatch.setattr(os, "execv", lambda *a: pytest.fail("no re-exec"))
+    code = common.main("x", lambda: common.parser("x", None), lambda a: {}, [], passive=True)
+    assert code == 0 and "OMP_WAIT_POLICY" not in os.environ
