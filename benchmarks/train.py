@@ -445,7 +445,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in results:
         peak = peaks[r["precision"]]
         share = (
-            f" = {100 * r['flop_s'] / peak:4.1f}% of the {r['precision']} matmul peak"
+            f" ({100 * r['flop_s'] / peak:.1f}% of the {r['precision']} matmul peak measured here)"
             if peak
             else ""
         )
