@@ -5,7 +5,8 @@
     suite             preprocess, train and generate figures in one table, each measured
                       in a subprocess of its own (peak memory included)
     preprocess        nmt.data.build_data_dir: encode + binarize pairs/s
-    train             training target tokens/s and model FLOP/s, fp32 and bf16 in turns
+    train             training target tokens/s, model FLOP/s and MFU, fp32 and bf16 in
+                      turns
     generate          beam search sentences/s and tokens/s, with and without the KV cache
     decoder           one beam-search-shaped decoder step, cached and uncached
     ctranslate2       nmt against CTranslate2 on the same exported weights
@@ -14,6 +15,9 @@
                       interleaved in one process
     generate_paired   beam search speed of the working tree against a git revision,
                       interleaved in one process
+    serve             nmt-serve under load (1-32 clients) against offline nmt-generate
+    scale             nmt-preprocess and nmt-train start-up on 1M-10M pairs
+    make_corpus       a synthetic parallel corpus of any size (for scale and tests)
 
 `benchmarks.common` is the one shared helper: timing, repeats, the machine, the JSON
 report every benchmark writes with --json, Markdown tables, and paired runs. Figures and
