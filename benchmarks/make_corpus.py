@@ -32,6 +32,10 @@ from typing import IO
 
 import numpy as np
 
+from benchmarks import common
+
+NAME = "make_corpus"
+
 BLOCK = 100_000  # pairs per seeded block
 WORDS = 60_000  # word types per language
 MEAN_WORDS = 21.0  # average sentence length in words (WMT news is 20-25)
@@ -244,21 +248,23 @@ def write_corpus(
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.make_corpus", description=__doc__.split("\n")[0]
+def build_parser() -> argparse.ArgumentParser:
+    parser = common.parser(NAME, __doc__)
+    parser.add_argument(
+        "--pairs", type=common.nonnegative_int, required=True, help="sentence pairs"
     )
-    parser.add_argument("--pairs", type=int, required=True, help="sentence pairs to write")
     parser.add_argument("--out", required=True, help="file prefix: writes <out>.<src>, <out>.<tgt>")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
     parser.add_argument("--compress", choices=sorted(OPENERS), default="none")
-    args = parser.parse_args(argv)
-    if args.pairs < 0:
-        parser.error(f"--pairs {args.pairs}: must not be negative")
+    return parser
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Write the corpus (common.main's `run`); what was written, and how fast."""
     if args.src == args.tgt:
-        parser.error(f"--tgt {args.tgt}: the same as --src; give two languages")
+        raise common.BenchError(f"--tgt {args.tgt}: the same as --src; give two languages")
     started = time.perf_counter()
 
     def report(done: int) -> None:
@@ -278,7 +284,18 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stderr.isatty():
         print(file=sys.stderr)
     print(f"wrote {paths[0]} and {paths[1]}: {args.pairs:,} pairs in {wall:.1f} s")
-    return 0
+    return {
+        "pairs": args.pairs,
+        "seed": args.seed,
+        "compress": args.compress,
+        "paths": [str(p) for p in paths],
+        "wall_s": wall,
+        "pairs_per_s": args.pairs / wall if wall > 0 else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    return common.main(NAME, build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ subprocess:
 Time should grow linearly with the corpus and memory stay flat; the targets of issue 19
 (2 cores): 10M pairs preprocessed in <= 5 min with <= 2 GiB per process, the same RSS at
 1M and 10M; nmt-train start to first update <= 10 s on 10M pairs, RSS within 0.1 GiB of
-the 1M figure. The figures print as a Markdown table; --json FILE writes them as JSON.
+the 1M figure. The figures print as a Markdown table; --json FILE writes them as JSON (the schema of
+benchmarks/common.py: machine, date, command, and these figures).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -37,7 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import common
 from benchmarks.make_corpus import write_corpus
+
+NAME = "scale"
 
 GIB = 1 << 30
 
@@ -78,7 +81,7 @@ def run_command(command: str, argv: list[str], log: Path) -> dict[str, Any]:
             usage = json.loads(line.split(" ", 1)[1])
     if proc.returncode != 0 or usage is None:
         tail = proc.stderr.strip().splitlines()[-3:]
-        raise SystemExit(f"scale: nmt-{command} failed ({proc.returncode}): {' / '.join(tail)}")
+        raise common.BenchError(f"nmt-{command} failed ({proc.returncode}): {' / '.join(tail)}")
     return {
         "started": started,
         "wall_s": wall,
@@ -169,7 +172,7 @@ def train_data_startup(data: Path) -> dict[str, Any]:
         [sys.executable, "-c", _DATA_RUNNER, str(data)], capture_output=True, text=True
     )
     if proc.returncode != 0:
-        raise SystemExit(f"scale: opening {data} failed: {proc.stderr.strip()[-300:]}")
+        raise common.BenchError(f"opening {data} failed: {proc.stderr.strip()[-300:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -208,7 +211,7 @@ def fairseq_preprocess(
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.time() - started
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"scale: fairseq-preprocess failed: see {work / 'preprocess.log'}")
+        raise common.BenchError(f"fairseq-preprocess failed: see {work / 'preprocess.log'}")
     return {
         "wall_s": wall,
         "pairs_per_s": pairs / wall,
@@ -221,75 +224,68 @@ def _pieces(tok: Any, lines: list[str]) -> list[list[str]]:
     return [tok.encode_as_pieces(line) for line in lines]
 
 
-def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
-
-
 def table(figures: dict[str, Any]) -> str:
-    rows = [
-        "| pairs | step | wall (s) | pairs/s | CPU (s) | peak RSS main (GiB) | largest child (GiB) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ["pairs", "step", "wall (s)", "pairs/s", "CPU (s)", "peak RSS main (GiB)"]
+    header.append("largest child (GiB)")
+    rows: list[list[str]] = []
     for size in figures["sizes"]:
+        pairs = f"{size['pairs']:,}"
         p = size["preprocess"]
         rows.append(
-            f"| {size['pairs']:,} | nmt-preprocess | {p['wall_s']:.1f} | {p['pairs_per_s']:,.0f} "
-            f"| {p['cpu_s']:.0f} | {p['rss_gib']:.2f} | {p['child_rss_gib']:.2f} |"
+            [pairs, "nmt-preprocess", f"{p['wall_s']:.1f}", f"{p['pairs_per_s']:,.0f}"]
+            + [f"{p['cpu_s']:.0f}", f"{p['rss_gib']:.2f}", f"{p['child_rss_gib']:.2f}"]
         )
         d = size.get("train_data")
         if d:
             rows.append(
-                f"| {size['pairs']:,} | training data: open + epoch 1 batches | "
-                f"{d['data_s']:.1f} | | | {d['rss_gib']:.3f} | |"
+                [pairs, "training data: open + epoch 1 batches", f"{d['data_s']:.1f}", "", ""]
+                + [f"{d['rss_gib']:.3f}", ""]
             )
         t = size.get("train")
         if t:
             rows.append(
-                f"| {size['pairs']:,} | nmt-train to 1st update (ends) | "
-                f"{t['to_first_update_s']:.1f} ({t['first_update_end_s']:.1f}) | | "
-                f"{t['cpu_s']:.0f} | {t['rss_gib']:.2f} | {t['child_rss_gib']:.2f} |"
+                [pairs, "nmt-train to 1st update (ends)"]
+                + [f"{t['to_first_update_s']:.1f} ({t['first_update_end_s']:.1f})", ""]
+                + [f"{t['cpu_s']:.0f}", f"{t['rss_gib']:.2f}", f"{t['child_rss_gib']:.2f}"]
             )
         f = size.get("fairseq")
         if f:
             rows.append(
-                f"| {size['pairs']:,} | fairseq-preprocess (pieces given) | {f['wall_s']:.1f} "
-                f"| {f['pairs_per_s']:,.0f} | {f['cpu_s']:.0f} | {f['rss_gib']:.2f} | |"
+                [pairs, "fairseq-preprocess (pieces given)", f"{f['wall_s']:.1f}"]
+                + [f"{f['pairs_per_s']:,.0f}", f"{f['cpu_s']:.0f}", f"{f['rss_gib']:.2f}", ""]
             )
-    return "\n".join(rows)
+    return common.markdown_table(header, rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.scale", description=__doc__.split("\n")[0]
+def build_parser() -> argparse.ArgumentParser:
+    parser = common.parser(NAME, __doc__)
+    parser.add_argument(
+        "--sizes", type=common.positive_int, nargs="+", default=[1_000_000, 10_000_000]
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "nmt-scale")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--workers", type=common.positive_int, default=2)
+    parser.add_argument("--vocab-size", type=common.positive_int, default=8000)
     parser.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe")
     parser.add_argument("--model", default="transformer_base", help="nmt-train model preset")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-train", action="store_true", help="skip the nmt-train start-up")
     parser.add_argument("--fairseq-preprocess", help="fairseq-preprocess executable (peer)")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args(argv)
-    if any(n < 1 for n in args.sizes):
-        parser.error("--sizes: every size must be 1 or more")
-    args.workdir.mkdir(parents=True, exist_ok=True)
+    return parser
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark (common.main's `run`): every size in turn; the figures."""
+    if args.fairseq_preprocess and shutil.which(args.fairseq_preprocess) is None:
+        raise common.BenchError(
+            f"--fairseq-preprocess {args.fairseq_preprocess}: no such executable; "
+            "build the peer with ../shared/bench/fairseq_peer.sh"
+        )
+    try:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise common.BenchError(f"--workdir {args.workdir}: {exc.strerror}") from None
     figures: dict[str, Any] = {
-        "name": "scale",
-        "command": " ".join(["python -m benchmarks.scale", *sys.argv[1:]]),
-        "machine_start": machine(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "settings": {
             "workers": args.workers,
             "spm": f"{args.model_type} {args.vocab_size}",
@@ -297,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "sizes": [],
     }
+    print(f"scale: {common.cpu_model()}, load average {common.load_average():.2f}", flush=True)
     for pairs in sorted(args.sizes):
         folder = corpus(args.workdir, pairs, args.seed)
         data = args.workdir / f"data-{pairs}"
@@ -313,12 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(data, ignore_errors=True)
         figures["sizes"].append(size)
-    figures["machine_end"] = machine()
-    print(f"machine: {figures['machine_start']} (start), load {figures['machine_end']} (end)")
     print(table(figures))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    return common.main(NAME, build_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark `serve`: nmt-serve under load against offline nmt-generate, same model and text.
 
-    .venv/bin/python benchmarks/serve.py --checkpoint runs/demo/checkpoint_best.pt \
+    .venv/bin/python -m benchmarks.serve --checkpoint runs/demo/checkpoint_best.pt \\
         --input data/demo/test.en --threads 1 [--clients 1,8,32] [--rounds 3] [--json out.json]
 
 A bounded, closed-loop load generator (asyncio) on 127.0.0.1: at each level, that many
@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -43,43 +42,86 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from benchmarks import common
 
+NAME = "serve"
 BIN = Path(sys.executable).parent
 THROUGHPUT = re.compile(r"translated (\d+) sentences .* in ([\d.]+)s: ([\d.]+) sentences/s")
 SERVING = re.compile(r"serving on (http://\S+)")
 METRIC = re.compile(r'^nmt_serve_batch_sentences_(sum|count)\{model="[^"]*"\} ([\d.e+]+)$', re.M)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--input", required=True, help="text file, one sentence a line")
-    parser.add_argument("--sentences", type=int, default=500, help="first N lines of --input")
-    parser.add_argument("--clients", default="1,8,32", help="concurrency levels")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
-    parser.add_argument("--latency-sentences", type=int, default=100, help="paired, 1 client")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (both sides)")
-    parser.add_argument("--beam", type=int, default=5)
+def build_parser() -> argparse.ArgumentParser:
+    parser = common.parser(NAME, __doc__)
+    parser.add_argument("--checkpoint", required=True, type=common.existing_file)
+    parser.add_argument(
+        "--input", required=True, type=common.existing_file, help="text file, one sentence a line"
+    )
+    parser.add_argument(
+        "--sentences", type=common.positive_int, default=500, help="first N lines of --input"
+    )
+    parser.add_argument(
+        "--clients", type=client_levels, default="1,8,32", help="concurrency levels"
+    )
+    parser.add_argument(
+        "--rounds", type=common.positive_int, default=3, help="interleaved repetitions"
+    )
+    parser.add_argument(
+        "--latency-sentences", type=common.positive_int, default=100, help="paired, 1 client"
+    )
+    parser.add_argument(
+        "--threads", type=common.positive_int, default=1, help="torch threads (both sides)"
+    )
+    parser.add_argument("--beam", type=common.positive_int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-wait-ms", type=float, default=None, help="nmt-serve's max_wait_ms")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per level at most")
     parser.add_argument("--httpx", action="store_true", help="send the load with httpx")
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args(argv)
-    results = asyncio.run(run(args, sys.argv[1:] if argv is None else argv))
+    return parser
+
+
+def client_levels(value: str) -> list[int]:
+    """argparse type of --clients: '1,8,32'."""
+    try:
+        levels = [int(c) for c in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: not a comma-separated list of integers"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"{value}: each level must be 1 or more")
+    return levels
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    """The benchmark (common.main's `run`): measure, print the table, return the figures."""
+    _httpx()  # missing: one line now, not a traceback after the first round
+    results = asyncio.run(run(args))
     print(report(results))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    return 0
+    return results
 
 
-async def run(args: argparse.Namespace, argv: list[str]) -> dict:
+def main(argv: list[str] | None = None) -> int:
+    return common.main(NAME, build_parser, run_benchmark, argv)
+
+
+def _httpx():
+    """httpx (the server's test extra), or a BenchError saying how to install it."""
+    try:
+        import httpx
+    except ImportError:
+        raise common.BenchError(
+            "httpx is not installed; pip install httpx (or the test extra: pip install -e '.[test]')"
+        ) from None
+    return httpx
+
+
+async def run(args: argparse.Namespace) -> dict:
     from nmt import Translator
 
     lines = Path(args.input).read_text(encoding="utf-8").splitlines()[: args.sentences]
     lines = [line for line in lines if line.strip()]
-    levels = [int(c) for c in args.clients.split(",")]
+    levels = args.clients
     translator = Translator.from_checkpoint(
         args.checkpoint, device=args.device, threads=args.threads, beam=args.beam
     )
@@ -103,7 +145,7 @@ async def run(args: argparse.Namespace, argv: list[str]) -> dict:
                     url, translator, lines[: args.latency_sentences], pair
                 )
                 rounds.append(this)
-    return summary(args, argv, lines, levels, rounds)
+    return summary(args, lines, levels, rounds)
 
 
 def offline(args: argparse.Namespace, text: Path, output: Path) -> dict:
@@ -115,7 +157,7 @@ def offline(args: argparse.Namespace, text: Path, output: Path) -> dict:
     cpu_all, stderr = _generate(args, text, output)
     found = THROUGHPUT.search(stderr)
     if found is None:
-        raise SystemExit(f"serve.py: no throughput line from nmt-generate: {stderr[-500:]}")
+        raise common.BenchError(f"no throughput line from nmt-generate: {stderr[-500:]}")
     sentences = int(found.group(1))
     return {
         "sentences_per_s": float(found.group(3)),
@@ -199,7 +241,7 @@ async def served(args: argparse.Namespace, most_clients: int):
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         url = await _ready(server)
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with _httpx().AsyncClient(base_url=url) as client:
             languages = (await client.get("/languages")).json()
         pair = {"source": languages[0]["code"], "target": languages[0]["targets"][0]}
         yield url, pair, server.pid
@@ -215,15 +257,15 @@ async def _ready(server: subprocess.Popen) -> str:
     while url is None:
         line = await asyncio.to_thread(server.stderr.readline)
         if not line:
-            raise SystemExit(f"serve.py: nmt-serve exited ({server.wait()})")
+            raise common.BenchError(f"nmt-serve exited ({server.wait()})")
         found = SERVING.search(line)
         url = found.group(1) if found else None
     asyncio.get_running_loop().run_in_executor(None, _drain, server.stderr)
     deadline = time.monotonic() + 300
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with _httpx().AsyncClient(base_url=url) as client:
         while (await client.get("/health")).status_code != 200:
             if time.monotonic() > deadline:
-                raise SystemExit("serve.py: nmt-serve did not load its model in 300 s")
+                raise common.BenchError("nmt-serve did not load its model in 300 s")
             await asyncio.sleep(0.2)
     return url
 
@@ -262,7 +304,7 @@ async def _client(url: str, use_httpx: bool):
     spends on a small model's sentence, and on a small machine the load generator would
     take the server's CPU."""
     if use_httpx:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async with _httpx().AsyncClient(base_url=url, timeout=60) as client:
 
             async def post_httpx(path: str, obj: dict) -> dict:
                 response = await client.post(path, json=obj)
@@ -290,7 +332,7 @@ async def _client(url: str, use_httpx: bool):
         )
         answer = json.loads(await reader.readexactly(length))
         if status != 200:
-            raise SystemExit(f"serve.py: {path} answered {status}: {answer}")
+            raise common.BenchError(f"{path} answered {status}: {answer}")
         return answer
 
     try:
@@ -317,7 +359,7 @@ async def level(
     after = await _batches(url)
     wrong = sum(o != r for o, r in zip(outputs, reference))
     if wrong:
-        raise SystemExit(f"serve.py: {wrong} translations at {clients} clients differ from offline")
+        raise common.BenchError(f"{wrong} translations at {clients} clients differ from offline")
     latencies.sort()
     batches = after[1] - before[1]
     return {
@@ -332,25 +374,22 @@ async def level(
 
 async def _batches(url: str) -> tuple[float, float]:
     """(sentences, batches) decoded so far, from /metrics."""
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with _httpx().AsyncClient(base_url=url) as client:
         text = (await client.get("/metrics")).text
     found = dict((kind, float(value)) for kind, value in METRIC.findall(text))
     return found.get("sum", 0.0), found.get("count", 0.0)
 
 
-def summary(
-    args: argparse.Namespace, argv: list[str], lines: list[str], levels: list[int], rounds: list
-) -> dict:
+def summary(args: argparse.Namespace, lines: list[str], levels: list[int], rounds: list) -> dict:
     """Medians over rounds; ratios per round first (each against its own offline run)."""
 
     def med(values) -> float:
         return round(statistics.median(values), 2)
 
     out: dict = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {args.device}, "
+        "machine": f"{common.cpu_model()} ({os.cpu_count()} CPUs), {args.device}, "
         f"{args.threads} torch thread(s)",
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join(["benchmarks/serve.py", *argv]),
+        "date": common.utc_now(),
         "sentences": len(lines),
         "rounds": len(rounds),
         "offline_sentences_per_s": med(r["offline"]["sentences_per_s"] for r in rounds),
@@ -387,28 +426,41 @@ def summary(
 
 
 def report(results: dict) -> str:
+    header = [
+        "clients",
+        "sentences/s",
+        "x offline",
+        "p50 ms",
+        "p99 ms",
+        "mean batch",
+        "Translator on batches of `clients`, x offline",
+        "CPU ms per sentence: server (+ load generator)",
+    ]
     rows = [
+        [
+            lv["clients"],
+            lv["sentences_per_s"],
+            f"{lv['x_offline']:.2f}",
+            lv["p50_ms"],
+            lv["p99_ms"],
+            lv["mean_batch"],
+            f"{lv['ceiling_x_offline']:.2f}",
+            f"{lv['server_cpu_ms']} (+ {lv['client_cpu_ms']})",
+        ]
+        for lv in results["levels"]
+    ]
+    lines = [
         f"serve benchmark: {results['sentences']} sentences, {results['machine']}, "
         f"{results['date']}, median of {results['rounds']} interleaved rounds",
-        f"command: {results['command']}",
         f"offline nmt-generate: {results['offline_sentences_per_s']} sentences/s, "
         f"{results['offline_cpu_ms']} ms of CPU per sentence",
         f"1 client, paired: p50 {results['server_1_client_p50_ms']} ms through the server, "
         f"{results['direct_p50_ms']} ms by a direct Translator call "
         f"(ratio {results['latency_ratio']:.2f})",
         "",
-        "| clients | sentences/s | x offline | p50 ms | p99 ms | mean batch "
-        "| Translator on batches of `clients`, x offline "
-        "| CPU ms per sentence: server (+ load generator) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        common.markdown_table(header, rows),
     ]
-    for lv in results["levels"]:
-        rows.append(
-            f"| {lv['clients']} | {lv['sentences_per_s']} | {lv['x_offline']:.2f} "
-            f"| {lv['p50_ms']} | {lv['p99_ms']} | {lv['mean_batch']} "
-            f"| {lv['ceiling_x_offline']:.2f} | {lv['server_cpu_ms']} (+ {lv['client_cpu_ms']}) |"
-        )
-    return "\n".join(rows)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

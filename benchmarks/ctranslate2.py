@@ -1,15 +1,14 @@
-"""Benchmark nmt-generate against CTranslate2 on the same weights, input, beam and threads.
+"""nmt-generate against CTranslate2 on the same weights, input, beam and threads.
 
 Exports the checkpoint to CTranslate2 (fp32 and int8), decodes the same length-sorted
-batches with nmt's SequenceGenerator (what nmt-generate runs) and with
-ctranslate2.Translator, and prints target tokens/s of each (EOS counted, as nmt-generate
+batches with nmt.Translator (what nmt-generate runs) and with ctranslate2.Translator, and prints target tokens/s of each (EOS counted, as nmt-generate
 counts) with the ratio nmt / CTranslate2 from this one run, plus how many fp32
 translations are identical. Tokenization, model loading and warm-up are outside the timing.
 
-    .venv/bin/python scripts/bench_ctranslate2.py --checkpoint runs/demo/checkpoint_best.pt
-    .venv/bin/python scripts/bench_ctranslate2.py --checkpoint ckpt.pt --input test.en \
+    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint runs/demo/checkpoint_best.pt
+    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
         --beam 5 --threads 2 --max-sentences 64 --profile
-    .venv/bin/python scripts/bench_ctranslate2.py --preset small --spm data-bin/m30k/spm.model \
+    .venv/bin/python -m benchmarks.ctranslate2 --preset small --spm work/bench/data-bin/spm.model \\
         --input ../shared/data/multi30k/test_2016_flickr.en
 
 --preset benchmarks a random model of a configs/model preset instead of a trained one:
@@ -22,20 +21,23 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from benchmarks import common
 from nmt.checkpoint import load_for_inference
 from nmt.data.tokenizer import normalize_text
 from nmt.data.vocab import EOS
 from nmt.generation.config import SearchConfig
-from nmt.generation.generator import SequenceGenerator
-from nmt.generation.io import Source, collate, make_batches
-from nmt.interop.ctranslate2_export import export_ctranslate2, require_ctranslate2
+from nmt.generation.io import Source, make_batches
+from nmt.generation.translator import Translator
+from nmt.runtime import Runtime
+
+NAME = "ctranslate2"
 
 
 def timed(fn: Callable[[], int], repeat: int) -> tuple[float, float, int]:
@@ -45,21 +47,21 @@ def timed(fn: Callable[[], int], repeat: int) -> tuple[float, float, int]:
     wall = cpu = float("inf")
     tokens = 0
     for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        tokens = fn()
-        wall = min(wall, time.perf_counter() - w0)
-        cpu = min(cpu, time.process_time() - c0)
+        with common.timed() as t:
+            tokens = fn()
+        wall, cpu = min(wall, t.wall), min(cpu, t.cpu)
     return wall, cpu, tokens
 
 
 def line(name: str, tokens: int, wall: float, cpu: float) -> str:
+    wall, cpu = max(wall, 1e-9), max(cpu, 1e-9)
     return (
         f"{name:19s} {tokens / wall:8.0f} tokens/s wall ({wall:6.2f} s)  "
         f"{tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)"
     )
 
 
-def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
+def random_checkpoint(preset: str, spm_path: str | Path, out: Path) -> Path:
     """A random `preset` model with the spm model as both tokenizers, saved to `out`.
 
     One hidden feature is made constant 1 and the output layer reads it as a bias of -100
@@ -68,24 +70,24 @@ def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
     """
     from dataclasses import asdict
 
-    from omegaconf import OmegaConf
-
+    from benchmarks.decoder import load_preset
     from nmt.checkpoint import build_checkpoint, save_checkpoint
     from nmt.data.tokenizer import Tokenizer
     from nmt.data.vocab import BOS, PAD, SPECIAL_IDS
-    from nmt.model.config import ModelConfig
     from nmt.model.transformer import Transformer
 
-    yaml = Path(__file__).resolve().parents[1] / "configs" / "model" / f"transformer_{preset}.yaml"
-    cfg = OmegaConf.to_object(
-        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(yaml))
-    )
+    cfg = load_preset(preset)
+    if not Path(spm_path).is_file():
+        raise common.BenchError(f"--spm {spm_path}: no such file")
     tok = Tokenizer.from_file(spm_path)
-    tok.check_special_ids(spm_path)
+    tok.check_special_ids(str(spm_path))
     torch.manual_seed(0)
     model = Transformer(cfg, tok.vocab_size, tok.vocab_size).eval()
     dec = model.decoder
-    norm = dec.layer_norm if cfg.normalize_before else dec.layers[-1].final_layer_norm
+    last = cast(torch.nn.Module, dec.layers[-1])
+    norm = cast(
+        torch.nn.LayerNorm, dec.layer_norm if cfg.normalize_before else last.final_layer_norm
+    )
     weight = dec.output_projection.weight  # [V,D]
     with torch.no_grad():
         norm.weight[0], norm.bias[0] = 0.0, 1.0
@@ -113,8 +115,8 @@ def random_checkpoint(preset: str, spm_path: str, out: Path) -> Path:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = common.parser(NAME, __doc__)
     ap.add_argument("--checkpoint", help="nmt checkpoint (or --preset and --spm)")
     ap.add_argument(
         "--preset", help="benchmark a random configs/model preset (tiny, small, base, ...)"
@@ -122,9 +124,16 @@ def main() -> None:
     ap.add_argument(
         "--spm", help="with --preset: the SentencePiece model (nmt's ids) for both sides"
     )
-    ap.add_argument("--input", default="data/demo/test.en", help="source text, one sentence a line")
-    ap.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
-    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument(
+        "--input",
+        type=common.existing_file,
+        default="data/demo/test.en",
+        help="source text, one sentence a line",
+    )
+    ap.add_argument(
+        "--lines", type=common.nonnegative_int, default=0, help="use the first N lines (0: all)"
+    )
+    ap.add_argument("--beam", type=common.positive_int, default=5)
     ap.add_argument("--lenpen", type=float, default=1.0)
     ap.add_argument(
         "--max-len-b",
@@ -132,15 +141,29 @@ def main() -> None:
         default=200,
         help="longest output in tokens (with --preset: every output's length)",
     )
-    ap.add_argument("--max-sentences", type=int, default=64, help="sentences per batch")
     ap.add_argument(
-        "--threads", type=int, default=2, help="torch threads = CTranslate2 intra_threads"
+        "--max-sentences", type=common.positive_int, default=64, help="sentences per batch"
     )
-    ap.add_argument("--repeat", type=int, default=2, help="timed runs per engine (best is kept)")
+    ap.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=2,
+        help="torch threads = CTranslate2 intra_threads",
+    )
+    ap.add_argument(
+        "--repeat", type=common.positive_int, default=2, help="timed runs per engine (best is kept)"
+    )
     ap.add_argument("--profile", action="store_true", help="also print where nmt's time goes")
-    args = ap.parse_args()
+    return ap
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from nmt.interop.ctranslate2_export import export_ctranslate2, require_ctranslate2
+
     if bool(args.checkpoint) == bool(args.preset) or bool(args.preset) != bool(args.spm):
-        ap.error("give --checkpoint, or --preset with --spm")
+        raise common.BenchError("give --checkpoint, or --preset with --spm")
+    if args.checkpoint and not Path(args.checkpoint).is_file():
+        raise common.BenchError(f"--checkpoint {args.checkpoint}: no such file")
     search = SearchConfig(
         beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b
     )
@@ -165,13 +188,20 @@ def main() -> None:
     batches = make_batches(sources, 0, args.max_sentences)
     pieces = {s.index: tok.encode_as_pieces(s.text) for s in sources}
 
-    generator = SequenceGenerator([bundle.model], search)
+    translator = Translator(
+        [cast(Any, bundle.model)],
+        bundle.src_tokenizer,
+        bundle.tgt_tokenizer,
+        search=search,
+        runtime=Runtime(torch.device("cpu")),
+        max_sentences=args.max_sentences,
+    )
     nmt_out: dict[int, list[int]] = {}
 
     def run_nmt() -> int:
         n = 0
-        for batch in batches:
-            for s, hyps in zip(batch, generator.generate(collate(batch, torch.device("cpu")))):
+        for batch in batches:  # one call per batch: CTranslate2 gets the same batches
+            for s, hyps in zip(batch, translator.translate_ids([s.ids for s in batch])):
                 nmt_out[s.index] = hyps[0].tokens.tolist()
                 n += len(hyps[0].tokens)
         return n
@@ -192,6 +222,16 @@ def main() -> None:
         f"output: {nmt_tokens} target tokens, {nmt_tokens / len(sources):.1f} per sentence (</s> included)"
     )
     print(line("nmt fp32", nmt_tokens, nmt_wall, nmt_cpu))
+    figures: dict[str, Any] = {
+        "model": args.preset or args.checkpoint,
+        "sentences": len(sources),
+        "batches": len(batches),
+        "beam": args.beam,
+        "lenpen": args.lenpen,
+        "threads": args.threads,
+        "ctranslate2": ct2.__version__,
+        "nmt": {"tokens": nmt_tokens, "wall": nmt_wall, "cpu": nmt_cpu},
+    }
 
     import sentencepiece as spm
 
@@ -200,7 +240,7 @@ def main() -> None:
         for quantization, compute_type in (("none", "float32"), ("int8", "int8")):
             out = Path(tmp.name) / quantization
             export_ctranslate2(args.checkpoint, out, quantization)
-            translator = ct2.Translator(
+            peer = ct2.Translator(
                 str(out),
                 device="cpu",
                 compute_type=compute_type,
@@ -209,10 +249,10 @@ def main() -> None:
             )
             ct2_out: dict[int, list[str]] = {}
 
-            def run_ct2(translator=translator, ct2_out=ct2_out) -> int:
+            def run_ct2(peer=peer, ct2_out=ct2_out) -> int:
                 n = 0
                 for batch in batches:
-                    results = translator.translate_batch(
+                    results = peer.translate_batch(
                         [pieces[s.index] for s in batch],
                         beam_size=args.beam,
                         length_penalty=args.lenpen,
@@ -230,11 +270,20 @@ def main() -> None:
                 ct2_out[i] == [tgt.id_to_piece(t) for t in nmt_out[i] if t != EOS] for i in nmt_out
             )
             print(line(f"ctranslate2 {compute_type}", ct2_tokens, ct2_wall, ct2_cpu))
+            wall_ratio = (nmt_tokens * ct2_wall) / max(ct2_tokens * nmt_wall, 1e-9)
+            cpu_ratio = (nmt_tokens * ct2_cpu) / max(ct2_tokens * nmt_cpu, 1e-9)
             print(
-                f"    nmt/ctranslate2 {compute_type}: {(nmt_tokens / nmt_wall) / (ct2_tokens / ct2_wall):.2f}x "
-                f"wall, {(nmt_tokens / nmt_cpu) / (ct2_tokens / ct2_cpu):.2f}x CPU; identical "
-                f"translations {same}/{len(nmt_out)}"
+                f"    nmt/ctranslate2 {compute_type}: {wall_ratio:.2f}x wall, {cpu_ratio:.2f}x "
+                f"CPU; identical translations {same}/{len(nmt_out)}"
             )
+            figures[f"ctranslate2_{compute_type}"] = {
+                "tokens": ct2_tokens,
+                "wall": ct2_wall,
+                "cpu": ct2_cpu,
+                "nmt_over_ctranslate2_wall": wall_ratio,
+                "nmt_over_ctranslate2_cpu": cpu_ratio,
+                "identical_translations": same,
+            }
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -242,7 +291,8 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             run_nmt()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(common.main(NAME, build_parser, run, passive=True))

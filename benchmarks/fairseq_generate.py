@@ -10,7 +10,7 @@ exclude start-up and model loading (fairseq's covers only its inference steps, n
 tokenization and writing, so the comparison slightly favours fairseq).
 
     bash ../shared/bench/fairseq_peer.sh 21          # once: builds /tmp/fairseq-peer/venv
-    .venv/bin/python scripts/bench_fairseq_generate.py
+    .venv/bin/python -m benchmarks.fairseq_generate
 
 With the default --updates 1 the model is untrained: it never chooses EOS, so every
 hypothesis runs to the length limit (--max-len-a x source + --max-len-b), which is then
@@ -24,12 +24,14 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+from benchmarks import common
+
+NAME = "fairseq_generate"
+MULTI30K = common.MULTI30K
 ARCH = [
     "--arch",
     "transformer",
@@ -61,11 +63,10 @@ NMT_LINE = re.compile(
 )
 
 
-def run(cmd: list[str], env: dict, cwd: Path | None = None) -> str:
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"bench_fairseq_generate: {Path(cmd[0]).name} failed:\n{done.stderr[-3000:]}")
-    return done.stdout + done.stderr
+def run_peer(cmd: list[str], env: dict, cwd: Path | None = None) -> common.Completed:
+    """A peer command to its end (a BenchError quoting its stderr if it fails)."""
+    name = Path(cmd[0]).name if cmd[0] != sys.executable else "nmt"
+    return common.run_subprocess(cmd, env=env, cwd=cwd, check=name)
 
 
 def prepare(peer: Path, work: Path, updates: int, env: dict) -> Path:
@@ -84,7 +85,7 @@ def prepare(peer: Path, work: Path, updates: int, env: dict) -> Path:
         )
     fs = peer / "venv" / "bin"
     if not (work / "bin" / "test.en-de.en.bin").exists():
-        run(
+        run_peer(
             [
                 str(fs / "fairseq-preprocess"),
                 "--source-lang",
@@ -108,7 +109,7 @@ def prepare(peer: Path, work: Path, updates: int, env: dict) -> Path:
         )
     ckpt = work / f"ckpt_{updates}" / "checkpoint_last.pt"
     if not ckpt.exists():
-        run(
+        run_peer(
             [
                 str(fs / "fairseq-train"),
                 "bin",
@@ -150,52 +151,55 @@ def prepare(peer: Path, work: Path, updates: int, env: dict) -> Path:
             env,
             work,
         )
-    run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from nmt.cli import main; main('import_fairseq', sys.argv[1:])",
-            f"checkpoint={ckpt}",
-            f"data_dir={work / 'bin'}",
-            f"spm={peer / 'spm.model'}",
-            f"output={imported}",
-            "overwrite=true",
-        ],
+    run_peer(
+        common.python_cli(
+            "import_fairseq",
+            [
+                f"checkpoint={ckpt}",
+                f"data_dir={work / 'bin'}",
+                f"spm={peer / 'spm.model'}",
+                f"output={imported}",
+                "overwrite=true",
+            ],
+        ),
         env,
     )
     return imported
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser(NAME, __doc__)
     p.add_argument(
         "--peer",
         type=Path,
         default=Path("/tmp/fairseq-peer"),
         help="fairseq_peer.sh's work dir (venv, spm.model, dict.txt, train.sp.*)",
     )
-    p.add_argument("--work", type=Path, default=REPO / "work" / "bench" / "fairseq_generate")
-    p.add_argument("--updates", type=int, default=1, help="fairseq training updates of the model")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--batch", type=int, default=64, help="sentences per batch")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--work", type=Path, default=common.WORK / "fairseq_generate")
+    p.add_argument(
+        "--updates", type=common.positive_int, default=1, help="fairseq updates of the model"
+    )
+    p.add_argument("--beam", type=common.positive_int, default=5)
+    p.add_argument("--batch", type=common.positive_int, default=64, help="sentences per batch")
+    p.add_argument("--threads", type=common.positive_int, default=2)
     p.add_argument("--max-len-a", type=float, default=1.0)
     p.add_argument("--max-len-b", type=int, default=2)
     p.add_argument(
         "--dtype", default="fp32", choices=["fp32", "bf16"], help="nmt's (fairseq: fp32)"
     )
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=common.positive_int, default=2)
     p.add_argument(
         "--prepare-only",
         action="store_true",
         help="build the data, the fairseq model and its import, and stop (time later)",
     )
-    args = p.parse_args()
+    return p
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.peer / "venv" / "bin" / "fairseq-generate").exists():
-        sys.exit(
-            f"bench_fairseq_generate: no fairseq venv in {args.peer}: run "
+        raise common.BenchError(
+            f"--peer {args.peer}: no fairseq venv there; run "
             "bash ../shared/bench/fairseq_peer.sh first"
         )
     args.work.mkdir(parents=True, exist_ok=True)
@@ -212,7 +216,7 @@ def main() -> None:
         print(
             f"prepared {args.work}: fairseq checkpoint ckpt_{args.updates}/, nmt import {imported.name}"
         )
-        return
+        return {"prepared": str(args.work), "imported": str(imported)}
     limits = ["--max-len-a", str(args.max_len_a), "--max-len-b", str(args.max_len_b)]
     fairseq_cmd = [
         str(args.peer / "venv" / "bin" / "fairseq-generate"),
@@ -228,31 +232,32 @@ def main() -> None:
         "--cpu",
         *limits,
     ]
-    nmt_cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from nmt.cli import main; main('generate', sys.argv[1:])",
-        f"checkpoint={imported}",
-        f"input={MULTI30K / 'test_2016_flickr.en'}",
-        f"output={args.work / 'nmt.hyp.de'}",
-        f"beam={args.beam}",
-        f"max_sentences={args.batch}",
-        f"max_len_a={args.max_len_a}",
-        f"max_len_b={args.max_len_b}",
-        f"threads={args.threads}",
-        f"dtype={args.dtype}",
-        "device=cpu",
-        "progress=false",
-    ]
+    nmt_cmd = common.python_cli(
+        "generate",
+        [
+            f"checkpoint={imported}",
+            f"input={MULTI30K / 'test_2016_flickr.en'}",
+            f"output={args.work / 'nmt.hyp.de'}",
+            f"beam={args.beam}",
+            f"max_sentences={args.batch}",
+            f"max_len_a={args.max_len_a}",
+            f"max_len_b={args.max_len_b}",
+            f"threads={args.threads}",
+            f"precision={args.dtype}",
+            "device=cpu",
+            "progress=false",
+        ],
+    )
     results: dict[str, list[tuple[int, int, float]]] = {"fairseq": [], "nmt": []}
     for i in range(args.repeats):
         for name, cmd, pattern in (
             ("fairseq", fairseq_cmd, FAIRSEQ_LINE),
             ("nmt", nmt_cmd, NMT_LINE),
         ):
-            found = pattern.search(run(cmd, env, args.work))
+            done = run_peer(cmd, env, args.work)
+            found = pattern.search(done.stdout + done.stderr)
             if not found:
-                sys.exit(f"bench_fairseq_generate: no timing line from {name}")
+                raise common.BenchError(f"no timing line in {name}'s output")
             sents, tokens, secs = (
                 int(found.group(1).replace(",", "")),
                 int(found.group(2).replace(",", "")),
@@ -265,15 +270,32 @@ def main() -> None:
                 flush=True,
             )
     rate = {name: statistics.median(s / t for s, _, t in runs) for name, runs in results.items()}
+    pairs = [(n[0] / n[2]) / (f[0] / f[2]) for f, n in zip(results["fairseq"], results["nmt"])]
     print(
-        f"beam {args.beam}, batch {args.batch}, {args.threads} threads, max_len {args.max_len_a} x src + "
-        f"{args.max_len_b}, nmt {args.dtype}, fairseq fp32; load average {os.getloadavg()[0]:.1f}"
+        f"beam {args.beam}, batch {args.batch}, {args.threads} threads, max_len {args.max_len_a} "
+        f"x src + {args.max_len_b}, nmt {args.dtype}, fairseq fp32; load average "
+        f"{common.load_average():.1f}"
     )
     print(
         f"median sentences/s: fairseq {rate['fairseq']:.1f}, nmt {rate['nmt']:.1f}: "
-        f"nmt = {rate['nmt'] / rate['fairseq']:.2f}x fairseq-generate"
+        f"nmt = {rate['nmt'] / rate['fairseq']:.2f}x fairseq-generate "
+        f"(per pair: {', '.join(f'{r:.2f}' for r in pairs)})"
     )
+    return {
+        "beam": args.beam,
+        "batch": args.batch,
+        "threads": args.threads,
+        "max_len": [args.max_len_a, args.max_len_b],
+        "nmt_dtype": args.dtype,
+        "runs": {
+            name: [{"sentences": s, "tokens": t, "seconds": sec} for s, t, sec in runs]
+            for name, runs in results.items()
+        },
+        "sent_s": rate,
+        "nmt_over_fairseq": rate["nmt"] / rate["fairseq"],
+        "per_pair": pairs,
+    }
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(common.main(NAME, build_parser, run, passive=True))

@@ -1,0 +1,353 @@
+"""The benchmark modules, run in-process on tiny shapes: each one's figures, its JSON report,
+its one-line errors, and the invariants the paired ones rely on (an A/A run computes the
+same updates and translations on both sides; the adapters drive the API of f3ffaaf, the
+revision before issue 16, to the same results as the current one)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import common
+
+MODULES = [
+    "suite",
+    "preprocess",
+    "train",
+    "generate",
+    "decoder",
+    "ctranslate2",
+    "fairseq_generate",
+    "train_paired",
+    "generate_paired",
+    "scale",
+    "serve",
+    "make_corpus",
+]
+DEMO = common.REPO / "data" / "demo"
+BEFORE_ISSUE_16 = "f3ffaaf"  # old APIs: Trainer(cfg)._train_step, nmt.commands.generate.Translator
+TINY_TRAIN = [
+    "--model",
+    "transformer_tiny",
+    "--set",
+    "model.embed_dim=32",
+    "--set",
+    "model.ffn_dim=64",
+    "--set",
+    "model.encoder_layers=1",
+    "--set",
+    "model.decoder_layers=1",
+    "--set",
+    "train_split=valid",
+    "--max-tokens",
+    "300",
+    "--threads",
+    "1",
+]
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def bench(name: str, argv: list[str], tmp_path: Path) -> dict:
+    """Run benchmarks.<name> in-process with --json; its report."""
+    module = importlib.import_module(f"benchmarks.{name}")
+    out = tmp_path / f"{name}.json"
+    code = common.main(name, module.build_parser, module.run, [*argv, "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["name"] == name and doc["schema"] == common.SCHEMA
+    return doc["figures"]
+
+
+def has_revision(rev: str) -> bool:
+    done = subprocess.run(
+        ["git", "-C", str(common.REPO), "cat-file", "-e", f"{rev}^{{commit}}"],
+        capture_output=True,
+    )
+    return done.returncode == 0
+
+
+needs_old_revision = pytest.mark.skipif(
+    not has_revision(BEFORE_ISSUE_16), reason=f"{BEFORE_ISSUE_16} is not in this clone's history"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, demo_data_dir) -> Path:
+    """A random transformer_tiny over the demo vocabulary that never ends a sentence early."""
+    from benchmarks.ctranslate2 import random_checkpoint
+
+    out = tmp_path_factory.mktemp("bench-model") / "tiny.pt"
+    return random_checkpoint("tiny", demo_data_dir / "spm.model", out)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_benchmark_is_a_module_with_help_and_json(name, capsys):
+    module = importlib.import_module(f"benchmarks.{name}")
+    with pytest.raises(SystemExit) as exc:
+        module.build_parser().parse_args(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert f"usage: benchmarks.{name}" in out and "--json FILE" in out
+
+
+def test_every_module_of_the_package_is_a_benchmark_run_by_common_main():
+    names = {p.stem for p in (common.REPO / "benchmarks").glob("*.py")} - {"__init__", "common"}
+    assert names == set(MODULES)
+    for name in MODULES:
+        source = (common.REPO / "benchmarks" / f"{name}.py").read_text()
+        assert 'if __name__ == "__main__":' in source and "common.main(" in source, name
+
+
+def test_no_sys_path_tweaks_in_the_benchmarks_or_scripts():
+    files = sorted((common.REPO / "benchmarks").glob("*.py"))
+    files += sorted((common.REPO / "scripts").glob("*.py"))
+    offenders = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "path"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            ):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders
+    assert not list((common.REPO / "scripts").glob("bench*.py"))
+    assert not (common.REPO / "scripts" / "paired_revision.py").exists()
+
+
+def test_train_interleaved_keeps_each_precision_loss_curve_of_a_run_alone(demo_data_dir, tmp_path):
+    args = ["--data", str(demo_data_dir), *TINY_TRAIN, "--updates", "4", "--warmup", "2"]
+    args += ["--log-interval", "2", "--peak-seconds", "0"]
+    figures = bench("train", [*args, "--precisions", "fp32", "bf16"], tmp_path)
+    fp32, bf16 = figures["results"]
+    assert (fp32["precision"], bf16["precision"]) == ("fp32", "bf16")
+    assert fp32["intervals"] == bf16["intervals"] == 1
+    assert fp32["tok_s"] > 0 and fp32["flop_s"] > 0 and fp32["matmul_peak_flop_s"] is None
+    assert [u for u, _ in fp32["losses"]] == [u for u, _ in bf16["losses"]] == [2, 4]
+    assert bf16["ratio_to_first"]["turns"] == 1
+    alone = bench("train", [*args, "--precisions", "fp32", "--sequential"], tmp_path)
+    assert alone["results"][0]["losses"] == fp32["losses"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--updates", "4", "--warmup", "3", "--log-interval", "2"], "--warmup 3: must be"),
+        (["--updates", "100000"], "--updates 100000: the data dir's first epoch has only"),
+        (["--precisions", "fp32", "fp32"], "each at most once"),
+    ],
+)
+def test_train_refuses_bad_arguments_in_one_line(demo_data_dir, argv, message, capsys):
+    from benchmarks import train
+
+    argv = ["--data", str(demo_data_dir), *TINY_TRAIN, "--peak-seconds", "0", *argv]
+    assert common.main("train", train.build_parser, train.run, argv) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the trainers' notes, when they were built
+    assert last.startswith("benchmarks.train: error: ") and message in last
+    assert "Traceback" not in err
+
+
+def test_train_needs_a_data_dir(tmp_path, capsys):
+    from benchmarks import train
+
+    with pytest.raises(SystemExit) as exc:
+        common.main("train", train.build_parser, train.run, ["--data", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "not a data dir (no meta.json)" in capsys.readouterr().err
+
+
+def test_generate_cached_and_uncached_produce_the_same_tokens(tiny_checkpoint, tmp_path):
+    argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en")]
+    argv += ["--lines", "12", "--beam", "2", "--batch", "4", "--threads", "1"]
+    figures = bench("generate", [*argv, "--max-len-a", "0", "--max-len-b", "4"], tmp_path)
+    cached, uncached = figures["cached"], figures["uncached"]
+    assert cached["sentences"] == uncached["sentences"] == 12
+    assert cached["tokens"] == uncached["tokens"] == 12 * 5  # 4 pieces + EOS, never earlier
+    assert cached["sent_s"] > 0 and figures["kv_cache_speedup_wall"] > 0
+    assert figures["reference_tokens_per_sentence"] > 1
+
+
+def test_generate_paired_a_a_translates_alike(tiny_checkpoint, tmp_path):
+    argv = ["--checkpoint", str(tiny_checkpoint), "--before", "HEAD", "--input"]
+    argv += [str(DEMO / "test.en"), "--lines", "12", "--batch", "4", "--beam", "2"]
+    figures = bench("generate_paired", [*argv, "--max-len-a", "0", "--max-len-b", "3"], tmp_path)
+    assert figures["identical_translations"] == figures["sentences"] == 12
+    for metric in ("wall", "cpu"):
+        ratio = figures["after_over_before"][metric]
+        assert ratio["turns"] == 2 * 3 and ratio["low"] <= ratio["ratio"] <= ratio["high"]
+
+
+@needs_old_revision
+def test_translator_adapters_drive_the_old_and_the_current_api_alike(tiny_checkpoint):
+    from benchmarks.generate import source_ids
+    from nmt.generation.config import SearchConfig
+    from nmt.generation.translator import Translator
+
+    old = common.import_revision(BEFORE_ISSUE_16).__name__
+    encoder = Translator.load(tiny_checkpoint, SearchConfig(), device="cpu")
+    sources = source_ids(encoder, str(DEMO / "test.en"), 10)
+    options = dict(beam=3, max_len_a=0.0, max_len_b=5, max_sentences=4)
+    before = common.translator_of(old, tiny_checkpoint, **options)(sources)
+    after = common.translator_of("nmt", tiny_checkpoint, **options)(sources)
+    assert before == after and len(after) == 10 and all(len(t) == 6 for t in after)
+
+
+def test_train_paired_a_a_computes_the_same_updates_on_both_sides(demo_data_dir, tmp_path):
+    argv = ["--data", str(demo_data_dir), "--before", "HEAD", *TINY_TRAIN]
+    argv += ["--chunk", "1", "--turns", "4", "--warmup-turns", "0"]
+    figures = bench("train_paired", argv, tmp_path)
+    loss = figures["mean_loss"]
+    assert loss["before/fp32"] == loss["after/fp32"] and loss["before/bf16"] == loss["after/bf16"]
+    assert set(figures["ratios"]) >= {"fp32 after/before", "bf16 after/before"}
+    for pair in figures["ratios"].values():
+        assert pair["wall"]["turns"] == pair["cpu"]["turns"] == 4
+    assert len(figures["per_turn"]["after/bf16"]) == 4
+
+
+@needs_old_revision
+def test_train_paired_drives_the_trainer_of_f3ffaaf(demo_data_dir, tmp_path):
+    argv = ["--data", str(demo_data_dir), "--before", BEFORE_ISSUE_16, *TINY_TRAIN]
+    argv += ["--precisions", "fp32", "--chunk", "1", "--turns", "2", "--warmup-turns", "0"]
+    figures = bench("train_paired", argv, tmp_path)
+    loss = figures["mean_loss"]
+    assert loss["before/fp32"] == pytest.approx(loss["after/fp32"], rel=1e-6)
+    assert figures["before"] == common.revision_id(BEFORE_ISSUE_16)
+
+
+def test_train_paired_wants_whole_cycles_of_turns(demo_data_dir, capsys):
+    from benchmarks import train_paired
+
+    argv = ["--data", str(demo_data_dir), "--before", "none", "--turns", "3"]
+    assert common.main("train_paired", train_paired.build_parser, train_paired.run, argv) == 2
+    assert "must be multiples of 2" in capsys.readouterr().err
+
+
+def test_preprocess_times_encoding_and_keeps_the_data_dir(tmp_path):
+    from benchmarks import preprocess
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    names = {"train": "train", "val": "valid", "test_2016_flickr": "test"}
+    for name, demo in names.items():
+        for lang in ("en", "de"):
+            lines = (DEMO / f"{demo}.{lang}").read_text(encoding="utf-8").splitlines()
+            (raw / f"{name}.{lang}").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    keep = tmp_path / "kept"
+    argv = ["--data", str(raw), "--workers", "1", "--repeats", "2", "--vocab-size", "350"]
+    figures = bench("preprocess", [*argv, "--keep", str(keep)], tmp_path)
+    assert figures["pairs"] == 900 and figures["seconds"]["n"] == 2
+    assert figures["pairs_s"] > 0 and figures["pairs_per_cpu_s"] > 0
+    assert (keep / "meta.json").is_file() and (keep / "spm.model").is_file()
+    assert preprocess.build_multi30k(raw, keep) == keep  # an existing data dir is kept
+
+
+def test_preprocess_names_a_folder_without_multi30k(tmp_path, capsys):
+    from benchmarks import preprocess
+
+    argv = ["--data", str(tmp_path)]
+    assert common.main("preprocess", preprocess.build_parser, preprocess.run, argv) == 2
+    assert "no train.en; name a folder with Multi30k" in capsys.readouterr().err
+
+
+def test_decoder_cached_step_against_the_whole_prefix(tmp_path):
+    argv = ["--preset", "tiny", "--vocab", "100", "--batch", "2", "--beam", "2"]
+    figures = bench(
+        "decoder", [*argv, "--src-len", "5", "--steps", "3", "--threads", "1"], tmp_path
+    )
+    assert figures["rows"] == 4 and figures["cached_ms_per_step"] > 0
+    assert figures["cache_speedup"] > 0
+
+
+def test_decoder_names_a_missing_preset(capsys):
+    from benchmarks import decoder
+
+    assert common.main("decoder", decoder.build_parser, decoder.run, ["--preset", "huge"]) == 2
+    assert "--preset huge: no transformer_huge.yaml; one of" in capsys.readouterr().err
+
+
+def test_ctranslate2_translates_the_same_batches(tiny_checkpoint, tmp_path):
+    pytest.importorskip("ctranslate2")
+    argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en"), "--lines"]
+    argv += ["8", "--beam", "2", "--max-len-b", "4", "--repeat", "1", "--threads", "1"]
+    figures = bench("ctranslate2", argv, tmp_path)
+    assert figures["sentences"] == 8 and figures["nmt"]["tokens"] == 8 * 5
+    fp32 = figures["ctranslate2_float32"]
+    assert fp32["tokens"] == 8 * 5 and fp32["identical_translations"] == 8
+
+
+def test_fairseq_generate_without_its_peer_says_what_to_run(tmp_path, capsys):
+    from benchmarks import fairseq_generate as fg
+
+    argv = ["--peer", str(tmp_path)]
+    assert common.main("fairseq_generate", fg.build_parser, fg.run, argv) == 2
+    err = capsys.readouterr().err
+    assert "no fairseq venv there; run bash ../shared/bench/fairseq_peer.sh first" in err
+
+
+def test_suite_table_from_its_report():
+    from benchmarks import suite
+
+    row = {"tok_s": 2000.0, "flop_s": 9e10, "matmul_peak_flop_s": 2e11, "peak_fraction": 0.45}
+    report = {
+        "date": "2026-11-23T10:00:00Z",
+        "wall_seconds": 600.0,
+        "machine": {
+            "cpu": "AMD EPYC",
+            "cores": 2,
+            "cpu_flags": ["avx512_bf16"],
+            "torch": "2.13.0+cpu",
+            "torch_threads": 2,
+            "load_average": {"start": 0.5, "end": 1.5},
+        },
+        "figures": {
+            "params": {
+                "repeats": 3,
+                "train_repeats": 3,
+                "threads": 2,
+                "preprocess_workers": 2,
+                "train_updates": 30,
+                "train_warmup": 10,
+                "gen_sentences": 200,
+                "gen_model": "random transformer_small",
+            },
+            "preprocess": {"pairs_s": 60000.0, "peak_rss_mib": 220.0},
+            "train": {"fp32": {**row, "peak_rss_mib": 1800.0}},
+            "generate": {
+                "beam 5, KV cache": {"sent_s": 55.7, "tok_s": 1021.0, "peak_rss_mib": 600}
+            },
+        },
+    }
+    table = suite.markdown(report)
+    assert "AMD EPYC, 2 cores (avx512_bf16), torch 2.13.0+cpu, 2 torch threads" in table
+    assert "| train transformer_small fp32 | 2,000 target tok/s | 90.0 GFLOP/s |" in table
+    assert "| generate beam 5, KV cache | 55.7 sent/s, 1,021 target tok/s |  |  | 600 |" in table
+
+
+def test_suite_worker_runs_in_a_subprocess_of_its_own(tiny_checkpoint, demo_data_dir):
+    from benchmarks import suite
+
+    params = {
+        "checkpoint": str(tiny_checkpoint),
+        "spm_cache": str(demo_data_dir / "spm.model"),
+        "threads": 1,
+        "input": str(DEMO / "test.en"),
+        "sentences": 6,
+        "beam": 2,
+        "use_cache": True,
+    }
+    out = suite.measure("generate", params)
+    assert out["sentences"] == 6 and out["sent_s"] > 0 and out["peak_rss_mib"] > 10
