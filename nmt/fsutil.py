@@ -12,14 +12,18 @@ the new one, never a mix of both; the temporary a killed writer leaves behind ca
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from nmt.errors import NmtError
 
 TMP_SUFFIX = ".tmp"
 
@@ -144,3 +148,30 @@ def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
         else:
             stale.unlink(missing_ok=True)
     return removed
+
+
+@contextmanager
+def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an exclusive `flock` on `lock_path` for the block, or refuse at once.
+
+    `what` names the locked thing in the refusal ("save_dir=runs/x"). The lock file stays
+    after the block (removing it would race with the next holder); the lock itself lives in
+    the kernel, so a holder that dies, even by kill -9, releases it, and no run ever needs
+    a manual unlock. The file records the holder's pid and host, which the refusal names.
+    """
+    path = Path(lock_path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            raise NmtError(
+                f"{what}: in use by another process ({holder}, lock {path}); wait for it to "
+                "finish or stop it, or choose another path"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the flock

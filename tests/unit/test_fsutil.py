@@ -93,3 +93,42 @@ def test_stale_temporaries_are_found_by_the_name_they_belong_to(tmp_path: Path):
     removed = remove_stale_temps(target)
     assert len(removed) == 2 and stale_temps(target) == []
     assert (tmp_path / ".other.pt.abc.tmp").exists()
+
+
+def test_exclusive_lock_refuses_a_second_holder_naming_the_first(tmp_path: Path):
+    import socket
+    import subprocess
+    import sys
+
+    from nmt.errors import NmtError
+    from nmt.fsutil import exclusive_lock
+
+    lock = tmp_path / ".lock"
+    # A real second process holds the lock, then dies by SIGKILL: the OS releases it.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from nmt.fsutil import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1], 'x'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(60)\n",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(NmtError) as err:
+            with exclusive_lock(lock, "save_dir=runs/x"):
+                pass
+        message = str(err.value)
+        assert message.startswith("save_dir=runs/x: in use by another process")
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in message
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive_lock(lock, "save_dir=runs/x"):  # released by the kernel at the kill
+        assert f"pid {os.getpid()}" in lock.read_text()
