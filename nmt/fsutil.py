@@ -62,6 +62,9 @@ def atomic_write(
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=_temp_name(target), suffix=TMP_SUFFIX, dir=target.parent)
     try:
+        # Held while writing, released by the kernel when the writer ends or dies: the
+        # mark by which remove_stale_temps tells a live writer's temporary from a stale one.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes it private; the umask decides
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
@@ -138,16 +141,36 @@ def stale_temps(path: str | os.PathLike) -> list[Path]:
 def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
     """Delete what `stale_temps(path)` finds; returns the paths removed.
 
-    Call it only where no other process can be writing `path` at the same time (the
-    caller holds the lock of the directory, or is the one writer by construction).
+    A temporary file that a live `atomic_write` holds (its flock) is left alone, so two
+    runs writing the same file never delete each other's work. Directories carry no such
+    mark: call it for a directory only where no other process can be building `path` at
+    the same time (the caller holds the lock of the directory, or is the one writer by
+    construction).
     """
-    removed = stale_temps(path)
+    removed = [stale for stale in stale_temps(path) if not _being_written(stale)]
     for stale in removed:
         if stale.is_dir() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
     return removed
+
+
+def _being_written(temp: Path) -> bool:
+    """Whether a live atomic_write holds `temp` (a file): its flock is taken."""
+    if temp.is_dir() or temp.is_symlink():
+        return False
+    try:
+        fd = os.open(temp, os.O_RDONLY)
+    except FileNotFoundError:  # renamed into place meanwhile: not stale either
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 @contextmanager
@@ -175,3 +198,20 @@ def exclusive_lock(lock_path: str | os.PathLike, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the flock
+
+
+def check_not_an_input(key: str, output: str | os.PathLike, inputs: list[tuple[str, str]]) -> None:
+    """NmtError when the file `key`=`output` would overwrite one of `inputs` ((key, path)
+    pairs; "-" is stdin): the same file under any name (symlinks, hard links, `..`), so
+    compared with os.path.samefile. An output whose folders are still to be made
+    (`new/../x`) is compared as it will be written, its `..` taken lexically."""
+    target = Path(output)
+    if not target.exists():
+        target = Path(os.path.abspath(output))
+        if not target.exists():  # a new file cannot be an existing input
+            return
+    for name, path in inputs:
+        if path != "-" and Path(path).exists() and target.samefile(path):
+            raise NmtError(
+                f"{key}={output}: is an input of this run ({name}={path}); choose another file"
+            )

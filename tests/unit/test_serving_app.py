@@ -295,6 +295,9 @@ def test_native_wrong_types_are_422_bad_values_400(client):
         ({"texts": ["a"], "beam": 0}, "beam=0: must be 1 or more; use 1 for greedy search"),
         ({"texts": ["a"], "nbest": 9}, "nbest=9: must be between 1 and beam=4"),
         ({"texts": ["a"], "temperature": 0.0}, "temperature=0.0: must be positive"),
+        # min_len beyond every output: from the options, or from the model's positions
+        ({"texts": ["a"], "min_len": 9, "max_len_a": 0, "max_len_b": 5}, "min_len=9: more than"),
+        ({"texts": ["a"], "min_len": 2000, "max_len_b": 3000}, "model.max_target_positions=1024"),
         ({"texts": ["a"], "prefixes": ["x", "y"]}, "prefixes: 2 of them for 1 texts"),
         ({"texts": ["a"], "source": "fr", "target": "de"}, "this pair is not served"),
         ({"texts": ["a"], "source": "en"}, "target=null: give source and target"),
