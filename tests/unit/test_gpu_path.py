@@ -350,3 +350,34 @@ def test_under_nccl_the_host_agreements_have_a_gloo_group_that_times_out_first(m
     distributed.init_process_group(DistEnv(0, 2, 0), torch.device("cpu"), 30.0)
     assert groups == [("gloo", timedelta(seconds=30))]  # gloo is the host group itself
     assert distributed._host_group is None
+
+
+@pytest.mark.parametrize(
+    "backend, finished, want",
+    [
+        ("nccl", False, ["abort"]),  # a peer may be gone: never flush NCCL's queue
+        ("nccl", True, ["barrier", "destroy"]),
+        ("gloo", False, ["destroy"]),  # gloo's destroy waits for nothing
+        ("gloo", True, ["barrier", "destroy"]),
+    ],
+)
+def test_after_a_failure_nccl_is_aborted_not_flushed(monkeypatch, backend, finished, want):
+    """destroy_process_group flushes NCCL's queued collectives; one waiting for a dead peer
+    never finishes, and the rank would hang until NCCL's watchdog aborted it, its one-line
+    error unprinted. (NCCL needs GPUs: torch's calls are recorded here; tests/gpu/
+    test_cuda_ddp.py kills a real NCCL rank.)"""
+    from nmt import distributed
+
+    calls: list[str] = []
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: calls.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: calls.append("destroy"))
+    monkeypatch.setattr(
+        dist.distributed_c10d, "_abort_process_group", lambda group=None: calls.append("abort")
+    )
+    monkeypatch.setattr(distributed, "_host_group", "host" if backend == "nccl" else None)
+    distributed.destroy_process_group(wait_for_peers=finished)
+    assert calls == want and distributed._host_group is None
