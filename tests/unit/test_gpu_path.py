@@ -320,6 +320,62 @@ def test_the_padding_hint_changes_no_output(padded):
     assert not src.eq(PAD).any()
 
 
+def _attention_masks(monkeypatch) -> list:
+    """The attn_mask of every SDPA call from now on (None or a tensor), in order."""
+    masks: list = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, *args, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return masks
+
+
+def test_a_training_batch_without_padding_gives_sdpa_no_mask(demo_data_dir, tmp_path, monkeypatch):
+    """On a GPU (meta here) the training step tells the model from the batch's host copy
+    whether any source is padded: an unpadded batch's attention calls (encoder, decoder's
+    causal self- and cross-attention) get no mask, so SDPA may pick flash attention; a
+    padded batch's encoder and cross-attention are masked."""
+    trainer = _on_meta(build_training(tiny_config(demo_data_dir, tmp_path / "run")))
+    sizes = trainer.data.train.src_sizes
+    short, long = int(np.argmin(sizes)), int(np.argmax(sizes))
+    masks = _attention_masks(monkeypatch)
+    trainer.train_step([np.array([short, short])])  # one length: no padding
+    assert len(masks) == 3 and all(m is None for m in masks)  # 1 encoder + 1 decoder layer
+    masks.clear()
+    trainer.train_step([np.array([short, long])])
+    assert sum(m is not None for m in masks) == 2  # encoder self- and cross-attention
+
+
+@pytest.mark.parametrize("shortest, masked", [(6, False), (5, True)])
+def test_a_decoding_batch_without_padding_gives_attention_no_mask(monkeypatch, shortest, masked):
+    """The generator learns from its one read per batch whether sources are padded, and
+    passes it on: the encoder and the cross-attention of an unpadded batch get no mask."""
+    hints: list = []
+    real = FastKernels.attention_mask
+
+    def spy(self, padding_mask, padded=None):
+        hints.append(padded)
+        return real(self, padding_mask, padded)
+
+    monkeypatch.setattr(FastKernels, "attention_mask", spy)
+
+    def answer(t: torch.Tensor, method: str):  # [longest, shortest limit, shortest source]
+        if method == "tolist" and t.dtype == torch.long and not hints:
+            return [4, 4, shortest]
+        return None  # steps: nothing done, nothing finishing
+
+    src = torch.full((3, 6), 7, dtype=torch.long, device=META)
+    model = Transformer(TINY_MODEL, 40, 40).eval()
+    generator = SequenceGenerator([model], SearchConfig(beam=2))
+    model.to(META)
+    DeviceReads(monkeypatch, answer)
+    generator.generate(src)
+    assert hints == [masked, masked]  # the encoder's, then the decoder's (cached) cross-attention
+
+
 # ------------------------------------------------------------------- process groups
 
 
