@@ -351,3 +351,21 @@ def test_suite_worker_runs_in_a_subprocess_of_its_own(tiny_checkpoint, demo_data
     }
     out = suite.measure("generate", params)
     assert out["sentences"] == 6 and out["sent_s"] > 0 and out["peak_rss_mib"] > 10
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--device", "cuda"], "--device cuda: torch sees no CUDA device; use --device cpu"),
+        (["--precision", "fp16"], "--precision fp16: needs --device cuda; use fp32 or bf16"),
+    ],
+)
+def test_ctranslate2_on_a_device_it_cannot_use_is_one_line(tiny_checkpoint, capsys, extra, message):
+    pytest.importorskip("ctranslate2")
+    from benchmarks import ctranslate2
+
+    if torch.cuda.is_available() and extra[0] == "--device":
+        pytest.skip("this machine has CUDA")
+    argv = ["--checkpoint", str(tiny_checkpoint), *extra]
+    assert common.main("ctranslate2", ctranslate2.build_parser, ctranslate2.run, argv) == 2
+    assert message in capsys.readouterr().err
