@@ -30,14 +30,17 @@ def _trainer_with_cpu_scaler(
     demo_data_dir, tmp_path, monkeypatch, overflow_at, **overrides
 ) -> Trainer:
     """A Trainer whose scaler is an enabled LossScaler, and whose loss overflows to inf
-    in the micro-batches numbered `overflow_at` (1-based), as an fp16 overflow would."""
+    in the micro-batches numbered `overflow_at` (1-based), as an fp16 overflow would;
+    `trainer.grad_scales` records the grad_scale each micro-batch's loss was given."""
     trainer = build_training(tiny_config(demo_data_dir, tmp_path / "run", **overrides))
     trainer.scaler = LossScaler(init_scale=1024.0)
     real_loss = step_module.output_layer_loss
     calls = {"n": 0}
+    trainer.grad_scales = []
 
     def overflowing(features, weight, target, eps, pad, **options):
         calls["n"] += 1
+        trainer.grad_scales.append(options["grad_scale"])
         out = real_loss(features, weight, target, eps, pad, **options)
         if calls["n"] in overflow_at:
             out.loss = out.loss * float("inf")
@@ -56,6 +59,8 @@ def test_an_overflow_skips_the_update_and_lowers_the_scale(demo_data_dir, tmp_pa
     # 4 batches for 3 updates: the second batch overflowed and its update was skipped
     assert result.num_updates == 3 and trainer.progress.position == 4
     assert trainer.scaler.scale == 512.0  # halved once, not grown back yet
+    # the logits' gradient carries the loss scale of its update (fp16: scaled, then rounded)
+    assert trainer.grad_scales == [1024.0, 1024.0, 512.0, 512.0]
     events = [
         json.loads(line) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()
     ]
