@@ -315,7 +315,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         n += len(r.hypotheses[0]) + 1  # + EOS, which CTranslate2 does not return
                 return n
 
-            run_ct2()  # warm-up
+            try:
+                run_ct2()  # warm-up; loads CTranslate2's CUDA libraries on a GPU
+            except RuntimeError as exc:  # 4.x opens libcublas.so.12: a CUDA 13 system lacks it
+                if "not found or cannot be loaded" not in str(exc):
+                    raise
+                raise common.BenchError(f"--device {args.device}: ctranslate2: {exc}") from None
             ct2_wall, ct2_cpu, ct2_tokens = timed(run_ct2, args.repeat, sync)
             same = sum(
                 ct2_out[i] == [tgt.id_to_piece(t) for t in nmt_out[i] if t != EOS] for i in nmt_out

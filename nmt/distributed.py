@@ -128,7 +128,10 @@ def destroy_process_group(wait_for_peers: bool = True) -> None:
     finally:
         _host_group = None
         if not wait_for_peers and abort is not None and dist.get_backend() == "nccl":
-            abort()  # every group, the gloo host group too, without waiting for any
+            try:
+                abort()  # every group, the gloo host group too, without waiting for any
+            except Exception:  # the run failed already: its error is the one to report
+                pass
         else:
             dist.destroy_process_group()
 

@@ -437,3 +437,17 @@ def test_after_a_failure_nccl_is_aborted_not_flushed(monkeypatch, backend, finis
     monkeypatch.setattr(distributed, "_host_group", "host" if backend == "nccl" else None)
     distributed.destroy_process_group(wait_for_peers=finished)
     assert calls == want and distributed._host_group is None
+
+
+def test_a_failing_nccl_abort_leaves_the_runs_own_error_to_be_reported(monkeypatch):
+    from nmt import distributed
+
+    def abort(group=None):
+        raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", abort)
+    distributed.destroy_process_group(wait_for_peers=False)  # raises nothing
