@@ -1,11 +1,12 @@
 """Shared by the training tests: a tiny model and a fast TrainConfig on the demo data dir.
 
 The demo data dir's `valid` split (500 pairs) serves as the training split and `test` as
-the validation split, so an epoch is ~25 small batches and runs in well under a second.
+the validation split, so an epoch is 13 small batches (max_tokens=500) and runs in well under a second.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,3 +70,24 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"tensors differ: {different[:5]}"
+
+
+def batches_consumed(trainer) -> int:
+    """Batches of the seeded epoch lists a run from scratch has consumed: every earlier
+    epoch's whole list, and the first `position` of the current one."""
+    progress = trainer.progress
+    earlier = range(1, progress.epoch)
+    return sum(len(trainer.data.epoch_batches(e)) for e in earlier) + progress.position
+
+
+def assert_fp16_overflows_were_skipped(trainer, stderr: str, init_scale: float) -> None:
+    """After `trainer.run()` in fp16 from a loss scale of `init_scale` >= 2**17 (which
+    overflows at once: the gold token's logit gradient, ~0.9 x the scale, exceeds fp16's
+    largest number, 65504, down to a scale of 2**17): each overflow skipped its update,
+    consumed its batches and halved the scale; no NaN/inf reached the weights."""
+    skipped = stderr.count("fp16: gradient overflow")
+    assert skipped >= math.log2(init_scale) - 16, stderr[-2000:]
+    assert trainer.scaler.scale == init_scale / 2**skipped  # no growth within 2000 updates
+    attempts = trainer.progress.num_updates + skipped  # updates made and skipped
+    assert batches_consumed(trainer) == attempts * trainer.cfg.update_freq
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
