@@ -103,6 +103,7 @@ class Service:
         search = dataclasses.replace(model.search, **given)
         try:
             search.validate()
+            self.cfg.check_beam(search.beam)
         except NmtError as exc:
             raise bad_request(str(exc)) from None
         return search
