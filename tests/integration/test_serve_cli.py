@@ -203,8 +203,12 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, lines):
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
+    queued = re.compile(r'^nmt_serve_queue_sentences\{model="en-de"\} (\S+)$', re.M)
     while time.monotonic() < deadline:  # all eight in flight (and this /metrics request)
-        if "nmt_serve_in_flight 9.0" in httpx.get(f"{slow.url}/metrics").text:
+        text = httpx.get(f"{slow.url}/metrics").text
+        waiting = queued.search(text)
+        # ... and sentences waiting for a batch of 4 (the queue depth metric sees them)
+        if "nmt_serve_in_flight 9.0" in text and waiting and float(waiting.group(1)) > 0:
             break
         time.sleep(0.01)
     else:
