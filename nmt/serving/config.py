@@ -169,17 +169,12 @@ class ServeConfig(SearchConfig):
             setattr(search, key, value)
         try:
             search.validate()
-            self.check_beam(search.beam)
+            self.check_beam(search.beam, fix="use a narrower beam, or raise max_beam")
         except NmtError as exc:
             raise NmtError(f"{where}.{exc}" if spec.search else str(exc)) from None
         return search
 
-    def check_beam(self, beam: int) -> None:
+    def check_beam(self, beam: int, fix: str = "use a narrower beam") -> None:
         """A beam within max_beam: a request's work (and memory) grows with it."""
         if beam > self.max_beam:
-            raise _bad(
-                "beam",
-                beam,
-                f"more than this server's max_beam={self.max_beam}",
-                "use a narrower beam",
-            )
+            raise _bad("beam", beam, f"more than this server's max_beam={self.max_beam}", fix)
