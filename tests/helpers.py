@@ -6,6 +6,10 @@ the validation split, so an epoch is ~25 small batches and runs in well under a 
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,3 +73,17 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"tensors differ: {different[:5]}"
+
+
+def kill_9_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
+    """SIGKILL `proc` (no cleanup of its own runs) as soon as `ready()` holds; fails when
+    the process ends first or `timeout` seconds pass."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import gzip
 import lzma
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import assert_bitwise_equal, last_params, run_training, tiny_config
+from helpers import assert_bitwise_equal, kill_9_when, last_params, run_training, tiny_config
 
 from benchmarks import make_corpus
 from nmt.checkpoint import load_checkpoint
@@ -112,15 +110,11 @@ def test_a_killed_corpus_maker_leaves_no_partial_corpus(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.monotonic() + 300
-        while not any(p.stat().st_size for p in stale_temps(f"{out}.de")):  # a block written
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+
+    def a_block_written() -> bool:
+        return any(p.stat().st_size for p in stale_temps(f"{out}.de"))
+
+    kill_9_when(proc, a_block_written, timeout=300)
     assert sorted(p.name for p in out.parent.iterdir() if not p.name.startswith(".")) == []
     assert stale_temps(f"{out}.en") and stale_temps(f"{out}.de")
 
