@@ -7,6 +7,10 @@ the validation split, so an epoch is 13 small batches (max_tokens=500) and runs 
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,3 +95,17 @@ def assert_fp16_overflows_were_skipped(trainer, stderr: str, init_scale: float) 
     attempts = trainer.progress.num_updates + skipped  # updates made and skipped
     assert batches_consumed(trainer) == attempts * trainer.cfg.update_freq
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+
+
+def kill_9_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
+    """SIGKILL `proc` (no cleanup of its own runs) as soon as `ready()` holds; fails when
+    the process ends first or `timeout` seconds pass."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()

@@ -77,7 +77,7 @@ def open_text(path: Path) -> BinaryIO:
         if suffix == ".bz2":
             return cast(BinaryIO, bz2.open(path, "rb"))
         try:
-            import zstandard  # type: ignore[import-not-found]  # optional
+            import zstandard  # optional (a mypy override covers its absence)
         except ImportError:
             raise NmtError(
                 f"{path}: reading .zst needs the zstandard package (pip install zstandard); "

@@ -8,6 +8,7 @@ what to do`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
@@ -17,6 +18,9 @@ from nmt.textlines import check_input_errors
 FORMATS = ("plain", "fairseq")
 PRECISIONS = ("fp32", "bf16", "fp16")  # as nmt.runtime.PRECISIONS (which imports torch)
 OVERLONG = ("truncate", "error")
+MAX_LENPEN = 5.0  # |lenpen|: length**lenpen for lengths up to 10^4 stays a finite fp32 factor
+MIN_TEMPERATURE = 1e-6  # fp32 logits / temperature stay finite (and sampling is greedy)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range, non-negative
 
 
 def _fmt(value: Any) -> str:
@@ -59,6 +63,18 @@ class SearchConfig:
         if self.beam < 1:
             raise _bad("beam", self.beam, "must be 1 or more", "use 1 for greedy search")
         check_nbest(self.nbest, self.beam)
+        for key in ("lenpen", "max_len_a", "unkpen", "temperature", "sampling_topp"):
+            if not math.isfinite(getattr(self, key)):  # nan/inf make every score nan or inf
+                raise _bad(key, getattr(self, key), "not a finite number", "give a number")
+        if abs(self.lenpen) > MAX_LENPEN:  # length**lenpen must stay a finite fp32 divisor
+            raise _bad(
+                "lenpen",
+                self.lenpen,
+                f"out of range (-{MAX_LENPEN:g} to {MAX_LENPEN:g})",
+                "use 1 for the average log-prob per token, 0 for none (fairseq's usual 0.6-2)",
+            )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise _bad("seed", self.seed, "out of range", f"use 0 to {MAX_SEED} (2^63 - 1)")
         for key in ("max_len_a", "max_len_b"):
             if getattr(self, key) < 0:
                 raise _bad(
@@ -103,6 +119,13 @@ class SearchConfig:
                 self.temperature,
                 "must be positive",
                 "use 1.0 for the model's own distribution",
+            )
+        if self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow
+            raise _bad(
+                "temperature",
+                self.temperature,
+                f"below {MIN_TEMPERATURE:g}, where the logits overflow",
+                "use beam=1 without sampling for the most likely tokens",
             )
         if not self.sampling:
             if self.sampling_topk:

@@ -105,6 +105,7 @@ class Service:
         try:
             search.validate()
             check_min_len(search, translator.max_source_positions, translator.max_target_positions)
+            self.cfg.check_beam(search.beam)
         except NmtError as exc:
             raise bad_request(str(exc)) from None
         return search

@@ -3,12 +3,12 @@ whole; its temporary is what remove_stale_temps finds and removes."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+
+from helpers import kill_9_when
 
 from nmt.fsutil import remove_stale_temps, stale_temps
 
@@ -28,15 +28,7 @@ def test_kill_9_during_an_atomic_write_leaves_the_old_file(tmp_path: Path):
             time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", writer])
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+    kill_9_when(proc, ready.exists, timeout=60)
     assert target.read_text() == "the complete old version\n"
     assert len(stale_temps(target)) == 1
     remove_stale_temps(target)

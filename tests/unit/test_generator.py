@@ -112,6 +112,11 @@ def test_min_len_prefix_and_max_len():
     for limit in (1, 4):
         out = _run(looping, beam=1, max_len_b=limit)[0]  # EOS never ranks first
         assert out.tokens.tolist() == [A] * limit + [EOS]
+    # limits far beyond the model's positions are its positions (63 tokens, then EOS), not
+    # an overflow: 1e308 * length is inf in float64, and 10**20 is no int64
+    for huge in (dict(max_len_a=1e308), dict(max_len_b=10**20), dict(max_len_a=1e300)):
+        out = _run(looping, beam=1, **huge)[0]
+        assert out.tokens.tolist() == [A] * 63 + [EOS], huge
 
 
 def test_unkpen_and_special_tokens():

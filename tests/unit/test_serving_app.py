@@ -170,6 +170,10 @@ def test_libretranslate_errors(client):
         400,
         "Invalid JSON format",
     )
+    deep = b"[" * 1900 + b"]" * 1900  # deeper than Python's JSON parser recurses (1000)
+    for path in ("/translate", "/v1/translate"):
+        answer = client.post(path, content=deep, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 400 and "error" in answer.json(), answer.text
 
 
 # -- limits -----------------------------------------------------------------------------
@@ -298,6 +302,11 @@ def test_native_wrong_types_are_422_bad_values_400(client):
         # min_len beyond every output: from the options, or from the model's positions
         ({"texts": ["a"], "min_len": 9, "max_len_a": 0, "max_len_b": 5}, "min_len=9: more than"),
         ({"texts": ["a"], "min_len": 2000, "max_len_b": 3000}, "model.max_target_positions=1024"),
+        ({"texts": ["a"], "temperature": 1e-320, "sampling": True}, "temperature=1e-320: below"),
+        ({"texts": ["a"], "lenpen": 400}, "lenpen=400.0: out of range"),
+        ({"texts": ["a"], "seed": 10**30, "sampling": True}, f"seed={10**30}: out of range"),
+        ({"texts": ["a"], "beam": 17}, "beam=17: more than this server's max_beam=16"),
+        ({"texts": ["a"], "beam": 10**20}, "more than this server's max_beam=16"),
         ({"texts": ["a"], "prefixes": ["x", "y"]}, "prefixes: 2 of them for 1 texts"),
         ({"texts": ["a"], "source": "fr", "target": "de"}, "this pair is not served"),
         ({"texts": ["a"], "source": "en"}, "target=null: give source and target"),
@@ -435,6 +444,20 @@ def test_the_web_page(client, cfg, registry):
     with TestClient(create_app(off, models=registry)) as bare:
         assert bare.get("/").status_code == 404
         assert bare.get("/static/app.js").status_code == 404
+
+
+def test_max_beam_bounds_every_request(cfg, registry, translator, texts):
+    """A request's memory and time grow with its beam: max_beam bounds it, and with it
+    LibreTranslate's alternatives (n alternatives need a beam of n + 1)."""
+    narrow = ServeConfig(**{**cfg.__dict__, "max_beam": 4})
+    pair = {"source": "en", "target": "de"}
+    with TestClient(create_app(narrow, models=registry)) as client:
+        _error(client.post("/v1/translate", json={"texts": ["a"], "beam": 5}), 400, "max_beam=4")
+        three = client.post("/translate", json={"q": texts[0], "alternatives": 3, **pair})
+        assert three.status_code == 200 and len(three.json()["alternatives"]) <= 3
+        _error(client.post("/translate", json={"q": "a", "alternatives": 4, **pair}), 400, "4: ")
+        assert client.get("/v1/models").json()["limits"]["max_beam"] == 4
+    assert translator.search.beam == 4  # the model's own beam is within the limit
 
 
 def test_a_request_over_its_timeout_is_503_and_the_server_goes_on(cfg, registry, texts):
