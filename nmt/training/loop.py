@@ -34,8 +34,11 @@ class TrainResult:
 class StopSignals:
     """SIGINT/SIGTERM ask the loop to finish its update, save checkpoint_last and stop.
 
-    A second signal of the same kind acts as it normally would (Ctrl-C twice aborts now;
-    the checkpoint files stay complete because every write is atomic).
+    A second Ctrl-C (SIGINT) acts as it normally would: it aborts now (the checkpoint files
+    stay complete because every write is atomic). A repeated SIGTERM is only noted: job
+    schedulers and launchers send it more than once (Slurm signals every process of the
+    job step and torchrun forwards its own), and the save must not be cut short by an echo;
+    a scheduler that will not wait sends SIGKILL after its grace period anyway.
     """
 
     def __init__(self, notify) -> None:
@@ -50,11 +53,18 @@ class StopSignals:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGTERM:
+            self._notify("SIGTERM again: still saving checkpoint_last.pt, then stopping")
+            return
         self.received = signum
-        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        if signum == signal.SIGINT:
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            again = " (Ctrl-C again to stop at once)"
+        else:
+            again = ""
         self._notify(
             f"{signal.Signals(signum).name}: finishing this update, then saving "
-            "checkpoint_last.pt (send it again to stop at once)"
+            f"checkpoint_last.pt{again}"
         )
 
     def __exit__(self, *exc: Any) -> None:
