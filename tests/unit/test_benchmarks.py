@@ -29,6 +29,7 @@ MODULES = [
     "scale",
     "serve",
     "make_corpus",
+    "checkpoint_save",
 ]
 DEMO = common.REPO / "data" / "demo"
 BEFORE_ISSUE_16 = "f3ffaaf"  # old APIs: Trainer(cfg)._train_step, nmt.commands.generate.Translator
@@ -351,3 +352,28 @@ def test_suite_worker_runs_in_a_subprocess_of_its_own(tiny_checkpoint, demo_data
     }
     out = suite.measure("generate", params)
     assert out["sentences"] == 6 and out["sent_s"] > 0 and out["peak_rss_mib"] > 10
+
+
+def test_checkpoint_save_times_one_name_against_four_independent_files(tmp_path, capsys):
+    from benchmarks import checkpoint_save
+
+    out = tmp_path / "report.json"
+    argv = ["--preset", "tiny", "--vocab", "64", "--repeats", "2", "--dir", str(tmp_path / "c")]
+    assert (
+        common.main(
+            "checkpoint_save",
+            checkpoint_save.build_parser,
+            checkpoint_save.run,
+            [*argv, "--json", str(out)],
+        )
+        == 0
+    )
+    figures = json.loads(out.read_text())["figures"]
+    assert [len(v) for v in figures["seconds"].values()] == [2, 2]
+    assert figures["checkpoint_mb"] > 0 and not (tmp_path / "c").exists()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x").write_text("mine")
+    assert (
+        common.main("checkpoint_save", checkpoint_save.build_parser, checkpoint_save.run, argv) == 2
+    )
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "c" / "x").exists()
