@@ -55,10 +55,11 @@ def lock_run_dir(cfg: TrainConfig, env: DistEnv) -> tuple[ExitStack, list[str]]:
             notes = _lock(stack, Path(cfg.save_dir), setting("save_dir", cfg.save_dir))
         except NmtError as exc:
             refusal = str(exc)
-    refusals = distributed.all_gather_objects(refusal)
-    if refusals[0] is not None:
+    if env.is_distributed:  # every rank learns rank 0's answer
+        refusal = distributed.all_gather_objects(refusal)[0]
+    if refusal is not None:
         stack.close()
-        raise NmtError(refusals[0])
+        raise NmtError(refusal)
     return stack, notes
 
 
