@@ -12,6 +12,7 @@ the new one, never a mix of both; the temporary a killed writer leaves behind ca
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import os
@@ -85,6 +86,46 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_write(path, "w") as f:
         f.write(text)
+
+
+def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Make `dst` an independent copy of the file `src`, put in place as `atomic_write` does.
+
+    Never a hard link or a symlink: writing one name in place (`cp a.pt b.pt`) must not
+    change another. The bytes move inside the kernel (copy_file_range: no trip through
+    Python, and a reflink on file systems that share extents, e.g. btrfs or XFS), or by
+    shutil's copy where the file system does not offer it.
+    """
+    with open(src, "rb") as source, atomic_write(dst, "wb") as target:
+        target.flush()  # nothing is buffered yet; the copy below writes to the descriptor
+        if not _copy_in_kernel(source.fileno(), target.fileno()):
+            source.seek(0)
+            target.seek(0)
+            target.truncate()
+            shutil.copyfileobj(source, target, 1 << 20)
+
+
+# copy_file_range's errors where the kernel or the file system cannot do it for this pair
+_NO_COPY_RANGE = (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+
+
+def _copy_in_kernel(src_fd: int, dst_fd: int) -> bool:
+    """Copy all of `src_fd` to `dst_fd` with copy_file_range; False where it is unsupported
+    (another kernel, a cross-device pair, a file system without it), before any byte."""
+    left = os.fstat(src_fd).st_size
+    copied = 0
+    while left > 0:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, min(left, 1 << 30))
+        except OSError as exc:
+            if copied == 0 and exc.errno in _NO_COPY_RANGE:
+                return False
+            raise
+        if n == 0:  # the source shrank under us: copy what is there
+            break
+        left -= n
+        copied += n
+    return True
 
 
 def fsync_tree(root: Path) -> None:

@@ -46,7 +46,8 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 class TokenArray:
     """Read-only, memory-mapped view of one binarized split and side."""
 
-    def __init__(self, prefix: str | os.PathLike) -> None:
+    def __init__(self, prefix: str | os.PathLike, dtype: str | None = None) -> None:
+        """`dtype`: meta.json's ("uint16" or "int32"); None tells it from the file sizes."""
         self.prefix = str(prefix)
         bin_path, idx_path = Path(self.prefix + ".bin"), Path(self.prefix + ".idx")
         for path in (bin_path, idx_path):
@@ -57,17 +58,13 @@ class TokenArray:
             raise NmtError(f"{idx_path}: truncated index; rebuild the data dir with nmt-preprocess")
         self._idx = np.memmap(idx_path, dtype=np.int64, mode="r")
         n_tokens = int(self._idx[-1])
-        bin_bytes = bin_path.stat().st_size
+        itemsize = _token_size(bin_path, idx_path, n_tokens, dtype)
         if n_tokens == 0:
             self._bin: np.ndarray = np.zeros(0, dtype=np.uint16)
-        elif bin_bytes % n_tokens or bin_bytes // n_tokens not in (2, 4):
-            raise NmtError(
-                f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens "
-                f"{idx_path.name} describes; rebuild the data dir with nmt-preprocess"
-            )
         else:
-            dtype = np.uint16 if bin_bytes // n_tokens == 2 else np.int32
-            self._bin = np.memmap(bin_path, dtype=dtype, mode="r")
+            self._bin = np.memmap(
+                bin_path, dtype=np.uint16 if itemsize == 2 else np.int32, mode="r"
+            )
 
     @property
     def dtype(self) -> np.dtype:
@@ -101,10 +98,37 @@ class TokenArray:
 
     # DataLoader workers get the path and map the files again, instead of a copy of the data
     def __getstate__(self) -> dict:
-        return {"prefix": self.prefix}
+        return {"prefix": self.prefix, "dtype": str(self._bin.dtype)}
 
     def __setstate__(self, state: dict) -> None:
-        TokenArray.__init__(self, state["prefix"])
+        TokenArray.__init__(self, state["prefix"], state.get("dtype"))
+
+
+def _token_size(bin_path: Path, idx_path: Path, n_tokens: int, dtype: str | None) -> int:
+    """Bytes per token of `bin_path` (2 or 4), which must hold exactly the `n_tokens` tokens
+    `idx_path` ends with; otherwise an NmtError blaming the file that is short: a .bin
+    holding more tokens than its index describes means the index lost its end."""
+    bin_bytes = bin_path.stat().st_size
+    sizes = [np.dtype(dtype).itemsize] if dtype else [2, 4]
+    for size in sizes:
+        if bin_bytes == n_tokens * size:
+            return size
+    whole = [size for size in sizes if bin_bytes % size == 0] or sizes  # possible token sizes
+    fix = "rebuild the data dir with nmt-preprocess"
+    if all(bin_bytes > n_tokens * size for size in whole):
+        raise NmtError(
+            f"{idx_path}: truncated or damaged: it describes {n_tokens} tokens, but "
+            f"{bin_path.name} holds more ({bin_bytes} bytes); {fix}"
+        )
+    if all(bin_bytes < n_tokens * size for size in whole):
+        raise NmtError(
+            f"{bin_path}: truncated: {bin_bytes} bytes, but {idx_path.name} describes "
+            f"{n_tokens} tokens; {fix}"
+        )
+    raise NmtError(
+        f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens {idx_path.name} "
+        f"describes; {fix}"
+    )
 
 
 _LENGTH_CHUNK = 1 << 20  # offsets read at a time by read_lengths

@@ -325,6 +325,7 @@ def _split_sources(
 ) -> tuple[Iterator[list[Source]], int]:
     from nmt.data.binarize import TokenArray
     from nmt.data.meta import load_meta, split_prefix
+    from nmt.data.tokenizer import check_vocab_sizes
 
     meta = load_meta(cfg.input)
     for side in ("src", "tgt"):
@@ -333,13 +334,14 @@ def _split_sources(
                 f"{cfg.input}: its {side} SentencePiece model is not the checkpoint's; "
                 "translate a data dir built for this model"
             )
+    check_vocab_sizes(cfg.input, meta, translator.src_tokenizer, translator.tgt_tokenizer)
     if cfg.split not in meta.splits:
         raise NmtError(
             f"split={cfg.split}: not in {cfg.input}; choose one of {', '.join(sorted(meta.splits))}"
         )
-    src = TokenArray(split_prefix(cfg.input, cfg.split, meta.src_lang))
+    src = TokenArray(split_prefix(cfg.input, cfg.split, meta.src_lang), meta.dtype)
     tgt_prefix = split_prefix(cfg.input, cfg.split, meta.tgt_lang)
-    tgt = TokenArray(tgt_prefix) if Path(f"{tgt_prefix}.bin").is_file() else None
+    tgt = TokenArray(tgt_prefix, meta.dtype) if Path(f"{tgt_prefix}.bin").is_file() else None
     if cfg.score_reference and tgt is None:
         raise NmtError(
             f"score_reference=true: split {cfg.split} of {cfg.input} has no {meta.tgt_lang} "

@@ -86,13 +86,14 @@ def run(t: Trainer) -> TrainResult:
             raise distributed.peer_error(exc, t.env, where) from exc
         raise
     finally:
-        t.logger.close()
-        # DDP's reducer holds the process group: release it first, so that nothing of the
-        # group outlives destroy_process_group (to be torn down at interpreter exit, while
-        # the peers' connections close). After a clean end, wait for every rank before
-        # leaving the job; after a failure, for nobody (a peer may be gone).
-        t.ddp = None
-        distributed.destroy_process_group(wait_for_peers=finished)
+        with t.run_lock:  # released last: the run has stopped writing into save_dir
+            t.logger.close()
+            # DDP's reducer holds the process group: release it first, so that nothing of
+            # the group outlives destroy_process_group (to be torn down at interpreter exit,
+            # while the peers' connections close). After a clean end, wait for every rank
+            # before leaving the job; after a failure, for nobody (a peer may be gone).
+            t.ddp = None
+            distributed.destroy_process_group(wait_for_peers=finished)
 
 
 def prepare_run_dir(t: Trainer) -> None:

@@ -29,6 +29,7 @@ MODULES = [
     "scale",
     "serve",
     "make_corpus",
+    "checkpoint_save",
 ]
 DEMO = common.REPO / "data" / "demo"
 BEFORE_ISSUE_16 = "f3ffaaf"  # old APIs: Trainer(cfg)._train_step, nmt.commands.generate.Translator
@@ -261,6 +262,31 @@ def test_preprocess_names_a_folder_without_multi30k(tmp_path, capsys):
     argv = ["--data", str(tmp_path)]
     assert common.main("preprocess", preprocess.build_parser, preprocess.run, argv) == 2
     assert "no train.en; name a folder with Multi30k" in capsys.readouterr().err
+
+
+def test_checkpoint_save_times_one_name_against_four_independent_files(tmp_path, capsys):
+    from benchmarks import checkpoint_save
+
+    out = tmp_path / "report.json"
+    argv = ["--preset", "tiny", "--vocab", "64", "--repeats", "2", "--dir", str(tmp_path / "c")]
+    assert (
+        common.main(
+            "checkpoint_save",
+            checkpoint_save.build_parser,
+            checkpoint_save.run,
+            [*argv, "--json", str(out)],
+        )
+        == 0
+    )
+    figures = json.loads(out.read_text())["figures"]
+    assert [len(v) for v in figures["seconds"].values()] == [2, 2]
+    assert figures["checkpoint_mb"] > 0 and not (tmp_path / "c").exists()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x").write_text("mine")
+    assert (
+        common.main("checkpoint_save", checkpoint_save.build_parser, checkpoint_save.run, argv) == 2
+    )
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "c" / "x").exists()
 
 
 def test_decoder_cached_step_against_the_whole_prefix(tmp_path):

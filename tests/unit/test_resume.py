@@ -119,6 +119,7 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
     # the schedule restarts
     assert t.scheduler.lr_at(t.progress.num_updates) == t.cfg.optim.warmup_init_lr
     assert not t.optimizer.state  # fresh Adam moments
+    t.close()  # a built Trainer holds save_dir's lock until it runs or is closed
     kept = build_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=8))
     assert kept.progress.position > 0 and kept.optimizer.state
 
