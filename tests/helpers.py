@@ -7,8 +7,10 @@ the validation split, so an epoch is ~25 small batches and runs in well under a 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -139,3 +141,27 @@ def rank_env(port: int, rank: int, world_size: int = 2, local_rank: int | None =
         MASTER_PORT=str(port),
         TORCHELASTIC_USE_AGENT_STORE="True",  # every rank a client, none binds MASTER_PORT
     )
+
+
+def outputs_of(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process once it has ended, waiting up to `timeout` s for
+    each; none is left running, whatever happens."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def kill_9_when_ready(proc: subprocess.Popen, ready: Path, timeout: float = 120) -> None:
+    """SIGKILL `proc` (no cleanup runs) as soon as it has created the file `ready`; it
+    must still be running then."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()

@@ -18,6 +18,7 @@ from helpers import (
     NO_DROPOUT,
     assert_bitwise_equal,
     last_params,
+    outputs_of,
     rank_env,
     rendezvous_store,
     run_training,
@@ -202,11 +203,7 @@ def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_
     # os._exit: a crash with no cleanup and no goodbye to the other rank
     with rendezvous_store() as port:
         procs = start_ranks_with_a_faulty_rank_1(demo_data_dir, tmp_path, port, "os._exit(3)")
-        try:
-            outs = [p.communicate(timeout=120) for p in procs]
-        finally:
-            for p in procs:
-                p.kill()
+        outs = outputs_of(procs, timeout=120)
     assert procs[1].returncode == 3
     assert procs[0].returncode == 2, outs[0][1][-2000:]
     last = outs[0][1].strip().splitlines()[-1]

@@ -16,6 +16,7 @@ from pathlib import Path
 from helpers import (
     assert_bitwise_equal,
     last_params,
+    outputs_of,
     rank_env,
     rendezvous_store,
     torchrun_standalone,
@@ -76,12 +77,7 @@ def _two_agents(worker: Path, port: int, save_dir: Path):
         )
         for _ in range(2)
     ]
-    try:
-        outs = [agent.communicate(timeout=240) for agent in agents]
-    finally:
-        for agent in agents:
-            agent.kill()
-    return outs, agents
+    return outputs_of(agents, timeout=240), agents
 
 
 def test_two_nodes_equal_one_node_with_two_processes(demo_data_dir: Path, tmp_path: Path) -> None:
@@ -141,11 +137,7 @@ def test_a_rank_that_does_not_see_the_checkpoint_stops_the_run(
             )
             for r in range(2)
         ]
-        try:
-            outs = [p.communicate(timeout=120) for p in procs]
-        finally:
-            for p in procs:
-                p.kill()
+        outs = outputs_of(procs, timeout=120)
     for r, (proc, (_, err)) in enumerate(zip(procs, outs)):
         assert proc.returncode == 2, err[-2000:]
         last = err.strip().splitlines()[-1]

@@ -3,14 +3,13 @@ whole; its temporary is what remove_stale_temps finds and removes."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from helpers import kill_9_when_ready
 
 from nmt.fsutil import remove_stale_temps, stale_temps
 
@@ -30,15 +29,7 @@ def test_kill_9_during_an_atomic_write_leaves_the_old_file(tmp_path: Path):
             time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", writer])
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+    kill_9_when_ready(proc, ready)
     assert target.read_text() == "the complete old version\n"
     assert len(stale_temps(target)) == 1
     remove_stale_temps(target)
@@ -80,15 +71,7 @@ def test_kill_9_while_a_directory_is_replaced_leaves_the_old_or_the_new_one(tmp_
             (tmp / "meta.json").write_text("new")
     """)
     proc = subprocess.Popen([sys.executable, "-c", writer])
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+    kill_9_when_ready(proc, ready)
     assert target.is_dir(), "no directory at the path"
     assert sorted(p.name for p in target.iterdir()) == ["meta.json"]
     assert (target / "meta.json").read_text() == ("old" if moment == "before" else "new")
