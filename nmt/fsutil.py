@@ -12,6 +12,7 @@ the new one, never a mix of both; the temporary a killed writer leaves behind ca
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import glob
@@ -47,6 +48,25 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 def _temp_name(path: Path) -> str:
     return f".{path.name}."
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the paths `a` and `b` in one atomic step (Linux's renameat2 RENAME_EXCHANGE:
+    ext4, xfs, btrfs, tmpfs, ...); False where the kernel, libc or file system has no such
+    call, and nothing was changed."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 @contextmanager
@@ -144,11 +164,14 @@ def fsync_tree(root: Path) -> None:
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Build a directory in a temporary sibling of `path`; on a clean exit it replaces `path`.
 
-    Yields the temporary directory to fill. On success its contents are fsynced, any old
-    `path` is moved aside, the new one renamed into place, the parent fsynced, and only
-    then the old one deleted: at every moment `path` is either the old directory or the
-    complete new one. On an exception the temporary directory is removed. Whether an
-    existing `path` may be replaced is the caller's decision, made before.
+    Yields the temporary directory to fill. On success its contents are fsynced and an
+    old `path` is swapped with the new one in one step (`exchange`), the parent fsynced,
+    and only then the old one, now under the temporary name, deleted: at every moment
+    `path` is either the old directory or the complete new one, whenever a kill comes.
+    (Where the file system cannot swap, the old one is renamed aside first: a kill between
+    the two renames leaves no `path`, and the old one under a temporary name.) On an
+    exception the temporary directory is removed. Whether an existing `path` may be
+    replaced is the caller's decision, made before.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +180,10 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it private; the umask decides
         yield tmp
         fsync_tree(tmp)
+        if target.exists() and exchange(tmp, target):
+            fsync_dir(target.parent)
+            shutil.rmtree(tmp, ignore_errors=True)  # the old directory, swapped out
+            return
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{os.getpid()}{TMP_SUFFIX}"

@@ -7,10 +7,13 @@ the validation split, so an epoch is 13 small batches (max_tokens=500) and runs 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -74,6 +77,81 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"tensors differ: {different[:5]}"
+
+
+# ------------------------------------------------------------------ DDP jobs of the tests
+
+TESTS = Path(__file__).resolve().parent  # on the workers' PYTHONPATH: `import helpers`
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a test's torchrun job or hand-started ranks: this one without
+    torchrun's rank variables, one OpenMP thread, tests/ importable, and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}",
+        PYTHONFAULTHANDLER="1",  # a rank that aborts prints every thread's Python stack
+        **extra,
+    )
+    return env
+
+
+def torchrun_standalone(args: list[str], log_dir: Path, timeout: float) -> str | None:
+    """Run `torchrun --standalone --nproc_per_node 2 ARGS` with each rank's stdout and
+    stderr in files under `log_dir`; None when every rank succeeded, else what failed:
+    torchrun's summary and the end of each rank's stderr (torchrun's own shows no rank's
+    output, which a rank that died of a signal leaves only there)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    argv += ["--nproc_per_node", "2", "--log-dir", str(log_dir), "--redirects", "3", *args]
+    proc = subprocess.run(argv, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode == 0:
+        return None
+    ranks = [
+        f"--- {path.relative_to(log_dir)}:\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted(log_dir.rglob("stderr.log"))
+    ]
+    return "\n".join([proc.stderr[-2000:], *ranks])
+
+
+@contextmanager
+def rendezvous_store() -> Iterator[int]:
+    """A TCPStore that the test process serves, on a port the kernel picked and that stays
+    bound while the job runs; yields its port.
+
+    Ranks started by hand join it as torchrun's workers join their agent's store
+    (rank_env). Picking a free port, closing it and passing its number on to rank 0 raced
+    with every other process on the machine (other tests' servers and connections), any of
+    which could take the port before rank 0 bound it."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+def rank_env(port: int, rank: int, world_size: int = 2, local_rank: int | None = None):
+    """worker_env of rank `rank`, joining the rendezvous_store on `port` as a client."""
+    return worker_env(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank if local_rank is None else local_rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # every rank a client, none binds MASTER_PORT
+    )
+
+
+def outputs_of(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process once it has ended, waiting up to `timeout` s for
+    each; none is left running, whatever happens."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def batches_consumed(trainer) -> int:
