@@ -195,7 +195,7 @@ def _describe_existing(path: Path) -> tuple[str, dict[str, Any] | None]:
         return "not an nmt checkpoint", None
     if not isinstance(obj, dict) or "model" not in obj or "model_config" not in obj:
         return "not an nmt checkpoint", None
-    config = obj.get("config") if isinstance(obj.get("config"), dict) else {}
+    config = obj["config"] if isinstance(obj.get("config"), dict) else {}
     if "train_state" in obj:
         return "a training checkpoint (it holds train_state)", config
     if "averaged_from" in config:

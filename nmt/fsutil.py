@@ -12,6 +12,7 @@ the new one, never a mix of both; the temporary a killed writer leaves behind ca
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import fnmatch
@@ -19,6 +20,7 @@ import glob
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nmt.errors import NmtError
+from nmt.processes import interrupts_deferred
 
 TMP_SUFFIX = ".tmp"
 
@@ -146,10 +149,13 @@ def fsync_tree(root: Path) -> None:
 def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Build a directory in a temporary sibling of `path`; on a clean exit it replaces `path`.
 
-    Yields the temporary directory to fill. On success its contents are fsynced, any old
-    `path` is moved aside, the new one renamed into place, the parent fsynced, and only
-    then the old one deleted: at every moment `path` is either the old directory or the
-    complete new one. On an exception the temporary directory is removed. Whether an
+    Yields the temporary directory to fill. On success its contents are fsynced, then it
+    takes the place of `path` in one atomic exchange where the kernel offers one (Linux's
+    renameat2), else by moving any old `path` aside and renaming the new one into place;
+    the parent is fsynced, and only then the old one deleted. At every moment `path` is the
+    old directory or the complete new one (with the fallback, a kill -9 between its two
+    renames leaves the old one aside under a temporary name), and Ctrl-C or SIGTERM never
+    cut the swap in two. On an exception the temporary directory is removed. Whether an
     existing `path` may be replaced is the caller's decision, made before.
     """
     target = Path(path)
@@ -159,17 +165,53 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it private; the umask decides
         yield tmp
         fsync_tree(tmp)
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}{TMP_SUFFIX}"
-            os.rename(target, old)
-        os.rename(tmp, target)
-        fsync_dir(target.parent)
+        with interrupts_deferred():
+            old = _swap_into_place(tmp, target)
+            fsync_dir(target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (renameat2 RENAME_EXCHANGE); False where the
+    C library, kernel or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    done = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_into_place(new: Path, target: Path) -> Path | None:
+    """Put the directory `new` at `target`; returns where the old `target` now is, if any."""
+    if not target.exists():
+        os.rename(new, target)
+        return None
+    if _exchange(new, target):
+        return new  # the old directory now has the temporary's name
+    old = target.parent / f".{target.name}.old-{os.getpid()}{TMP_SUFFIX}"
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)  # put the old one back
+        raise
+    return old
 
 
 def stale_temps(path: str | os.PathLike) -> list[Path]:

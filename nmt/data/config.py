@@ -130,10 +130,17 @@ class SpmConfig:
     seed: int = 1  # SentencePiece's random seed (sentence sampling)
 
     def validate(self) -> None:
-        if self.vocab_size < 1:
+        reserved = ["4 special pieces (<s> <pad> </s> <unk>)"]
+        if self.byte_fallback:
+            reserved.append("256 byte pieces (spm.byte_fallback=true)")
+        if self.user_defined_symbols:
+            reserved.append(f"{len(self.user_defined_symbols)} spm.user_defined_symbols")
+        least = 4 + 256 * self.byte_fallback + len(self.user_defined_symbols)
+        if self.vocab_size <= least and self.model is None and self.src_model is None:
             raise NmtError(
-                f"spm.vocab_size={self.vocab_size}: must be 1 or more; use about 1000 for the "
-                "demo corpus, 8000 for Multi30k"
+                f"spm.vocab_size={self.vocab_size}: too small; SentencePiece needs more than "
+                f"{least}: the {' and the '.join(reserved)} come first; use about 1000 for "
+                "the demo corpus, 8000 for Multi30k"
             )
         if self.num_threads < 1:
             raise NmtError(
