@@ -165,11 +165,14 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it private; the umask decides
         yield tmp
         fsync_tree(tmp)
-        with interrupts_deferred():
-            old = _swap_into_place(tmp, target)
-            fsync_dir(target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        old = None
+        try:
+            with interrupts_deferred():
+                old = _swap_into_place(tmp, target)
+                fsync_dir(target.parent)
+        finally:  # the new one is in place: the old one goes, even if a signal was held
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
