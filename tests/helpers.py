@@ -55,6 +55,22 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
     return replace(base, **overrides)
 
 
+def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:
+    """nmt-preprocess overrides that build `small_corpus` (tests/conftest.py) quickly into
+    `dest`: train, valid and test, a 200-piece model without byte pieces, one worker."""
+    return [
+        f"data.trainpref={corpus / 'train'}",
+        f"data.validpref={corpus / 'valid'}",
+        f"data.testpref=[{corpus / 'test'}]",
+        f"data.dest={dest}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "spm.num_threads=1",
+        "workers=1",
+        *extra,
+    ]
+
+
 def run_training(cfg: TrainConfig):
     """nmt.training.train(cfg), leaving torch's global thread count as it found it."""
     from nmt.training import train

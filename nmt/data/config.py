@@ -223,7 +223,7 @@ class PreprocessConfig:
     on_invalid_utf8: InvalidUtf8 = InvalidUtf8.error  # error, replace or skip
     workers: int = 2  # encoding processes; the output is the same for any number
     chunk_lines: int = 5000  # lines per unit of work handed to a worker
-    overwrite: bool = False  # replace an existing data dir at data.dest
+    overwrite: bool = False  # replace a data dir nmt-preprocess wrote at data.dest (only that)
     # join these data dirs (built with one SentencePiece model) into data.dest instead of
     # reading text: a split found in several becomes one split in shards (nmt.data.join)
     join: list[str] = field(default_factory=list)

@@ -94,6 +94,18 @@ def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str) -
         time.sleep(0.02)
 
 
+def wait_for_encoding(proc: subprocess.Popen, folder: Path) -> None:
+    """Until its two workers run and the first .bin of the data dir being built exists."""
+    wait_for(
+        lambda: (
+            bool(list(folder.glob(".data.*.tmp/train.en.bin")))
+            and len(session_processes(proc.pid)) >= 3
+        ),
+        proc,
+        "two workers encoding",
+    )
+
+
 def start(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
         [str(BIN / "nmt-preprocess"), *args],
@@ -154,14 +166,7 @@ def test_kill_9_of_the_main_process_leaves_no_child_and_the_next_run_cleans_up(
                 "the SentencePiece child",
             )
         else:
-            wait_for(
-                lambda: (
-                    list(tmp_path.glob(".data.*.tmp/train.en.bin"))
-                    and len(session_processes(proc.pid)) >= 3
-                ),
-                proc,
-                "two workers encoding",
-            )
+            wait_for_encoding(proc, tmp_path)
         children = set(session_processes(proc.pid)) - {proc.pid}
         assert children
         proc.send_signal(signal.SIGKILL)
@@ -197,14 +202,7 @@ def test_sigterm_and_ctrl_c_stop_the_workers_and_leave_nothing(
     dest = tmp_path / "data"
     proc = start(_args(corpus, dest, "workers=2", f"spm.model={corpus / 'spm.model'}"))
     try:
-        wait_for(
-            lambda: (
-                list(tmp_path.glob(".data.*.tmp/train.en.bin"))
-                and len(session_processes(proc.pid)) >= 3
-            ),
-            proc,
-            "two workers encoding",
-        )
+        wait_for_encoding(proc, tmp_path)
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import small_preprocess_args
 from test_reliability_input import train_args
 
 BIN = Path(sys.executable).parent
@@ -37,17 +38,7 @@ def _pipeline(corpus: Path, out: Path, mask: int) -> None:
         assert proc.returncode == 0, (command, proc.stderr[-2000:])
 
     data, run = out / "data", out / "run"
-    nmt(
-        "preprocess",
-        f"data.trainpref={corpus / 'train'}",
-        f"data.validpref={corpus / 'valid'}",
-        f"data.testpref=[{corpus / 'test'}]",
-        f"data.dest={data}",
-        "spm.vocab_size=200",
-        "spm.byte_fallback=false",
-        "spm.num_threads=1",
-        "workers=2",  # the encoding workers write nothing, but they run
-    )
+    nmt("preprocess", *small_preprocess_args(corpus, data, "workers=2"))  # workers run too
     nmt(
         "train",
         *train_args(data, run, "max_update=2", "save_interval_updates=1", "tensorboard=true"),
