@@ -23,7 +23,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -324,12 +324,23 @@ def check_not_an_input(key: str, output: str | os.PathLike, inputs: list[tuple[s
             )
 
 
-def destination_lock(path: str | os.PathLike, what: str) -> AbstractContextManager[None]:
+@contextmanager
+def destination_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
     """The lock of a file or directory that is built beside itself and renamed into place:
-    `.<name>.lock` in its parent (created if missing), removed when released."""
-    target = Path(path)
+    `.<name>.lock` in its parent, removed when released. Parent folders it had to create
+    are removed again if the block leaves them empty (a run that failed writes nothing)."""
+    target = Path(path).absolute()
+    created = [p for p in target.parents if not p.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
-    return exclusive_lock(target.parent / f".{target.name}.lock", what, remove=True)
+    try:
+        with exclusive_lock(target.parent / f".{target.name}.lock", what, remove=True):
+            yield
+    finally:
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the output is in it, or someone else's files
+                break
 
 
 def describe_contents(path: Path, limit: int = 10_000) -> str:

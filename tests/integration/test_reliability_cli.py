@@ -182,7 +182,7 @@ def test_a_directory_given_as_a_corpus_file_says_so(small_corpus: Path, tmp_path
         [
             str(BIN / "nmt-preprocess"),
             f"data.trainpref={small_corpus / 'train'}",
-            f"data.dest={tmp_path / 'out'}",
+            f"data.dest={tmp_path / 'new' / 'out'}",
         ],
         capture_output=True,
         text=True,
@@ -193,3 +193,4 @@ def test_a_directory_given_as_a_corpus_file_says_so(small_corpus: Path, tmp_path
         f"nmt-preprocess: error: {small_corpus / 'train.en'}: is a directory; give the prefix "
         "of the text files"
     )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]  # nothing made, no lock

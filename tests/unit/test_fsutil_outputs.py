@@ -89,7 +89,10 @@ def test_destination_lock_leaves_no_file_and_admits_one_holder_at_a_time(tmp_pat
         with pytest.raises(NmtError, match=r"^data.dest=x: in use by another process \(pid"):
             with destination_lock(dest, "data.dest=x"):
                 pass
-    assert list((tmp_path / "deep").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # the folder it made is gone with the lock
+    with destination_lock(dest, "data.dest=x"):
+        dest.mkdir()  # an output: the folders stay
+    assert [p.name for p in (tmp_path / "deep").iterdir()] == ["data"]
 
 
 RACER = textwrap.dedent("""
