@@ -40,9 +40,12 @@ def _one_line(code: int, err: str, command: str) -> str:
 @pytest.mark.parametrize("command", sorted(INVALID))
 def test_cfg_on_an_invalid_config_fails_as_the_command_would(nmt_cli, command: str) -> None:
     """`--cfg` (Hydra's `--cfg job|hydra|all` too) prints only a config that would run."""
-    for invalid in (INVALID[command], ["+no_such_option=1"]):
+    # an added key the command lacks is named first (the invalid value keeps a command
+    # that would ignore the key from running)
+    for invalid in (INVALID[command], [*INVALID[command], "+no_such_option=1"]):
         code, _, err = nmt_cli(command, *invalid)
         expected = _one_line(code, err, command)
+        assert ("no_such_option: not an option" in expected) == ("+no_such_option=1" in invalid)
         for cfg in (["--cfg"], ["--cfg", "job"], ["--cfg", "hydra"], ["--cfg", "all"]):
             code, out, err = nmt_cli(command, *cfg, *invalid)
             assert (_one_line(code, err, command), out) == (expected, "")
@@ -59,10 +62,19 @@ def test_cfg_on_an_invalid_config_fails_as_the_command_would(nmt_cli, command: s
         ("train", "+foo=1", "foo: not an option of nmt-train; remove it"),
     ],
 )  # fmt: skip
-def test_an_added_key_the_command_lacks_is_refused(nmt_cli, command, override, expected) -> None:
-    """Hydra's `+key=value` adds any key; nmt used to drop it silently (exit 0)."""
-    code, _, err = nmt_cli(command, override)
+def test_an_added_key_the_command_lacks_is_refused(
+    nmt_cli, tmp_path, command, override, expected
+) -> None:
+    """Hydra's `+key=value` adds any key; nmt used to drop it silently and run (inputs that
+    do not exist here keep such a run short)."""
+    missing = {
+        "preprocess": [f"data.trainpref={tmp_path / 'none'}", f"data.dest={tmp_path / 'd'}"],
+        "train": [f"data={tmp_path / 'none'}", f"save_dir={tmp_path / 'run'}"],
+        "generate": [f"checkpoint={tmp_path / 'none.pt'}"],
+    }[command]
+    code, _, err = nmt_cli(command, *missing, override)
     assert expected in _one_line(code, err, command)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_added_keys_that_the_schema_allows_still_work(nmt_cli, tmp_path) -> None:
