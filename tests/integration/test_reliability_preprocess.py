@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import kill_9_when, wait_until
 
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta
@@ -86,23 +87,11 @@ def session_processes(sid: int) -> list[int]:
     return found
 
 
-def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 240
-    while not condition():
-        assert proc.poll() is None, f"exited ({proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"never saw {what}"
-        time.sleep(0.02)
-
-
-def wait_for_encoding(proc: subprocess.Popen, folder: Path) -> None:
-    """Until its two workers run and the first .bin of the data dir being built exists."""
-    wait_for(
-        lambda: (
-            bool(list(folder.glob(".data.*.tmp/train.en.bin")))
-            and len(session_processes(proc.pid)) >= 3
-        ),
-        proc,
-        "two workers encoding",
+def encoding(proc: subprocess.Popen, folder: Path) -> Callable[[], bool]:
+    """Whether its two workers run and the first .bin of the data dir being built exists."""
+    return lambda: (
+        bool(list(folder.glob(".data.*.tmp/train.en.bin")))
+        and len(session_processes(proc.pid)) >= 3
     )
 
 
@@ -158,23 +147,14 @@ def test_kill_9_of_the_main_process_leaves_no_child_and_the_next_run_cleans_up(
     dest = tmp_path / "data"
     args = _args(corpus, dest, "workers=2", *PHASES[phase](corpus))
     proc = start(args)
-    try:
-        if phase == "tokenizer":
-            wait_for(
-                lambda: len(session_processes(proc.pid)) >= 2,
-                proc,
-                "the SentencePiece child",
-            )
-        else:
-            wait_for_encoding(proc, tmp_path)
-        children = set(session_processes(proc.pid)) - {proc.pid}
-        assert children
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-        assert_no_process_survives(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
+    # tokenizer: SentencePiece trains in its one child; encoding: the two workers run
+    ready = (
+        (lambda: len(session_processes(proc.pid)) >= 2)
+        if phase == "tokenizer"
+        else encoding(proc, tmp_path)
+    )
+    kill_9_when(proc, ready, timeout=240)
+    assert_no_process_survives(proc.pid)
     assert not dest.exists()
     assert any(p.name.endswith(".tmp") for p in temporaries(dest))  # what kill -9 leaves
 
@@ -202,7 +182,7 @@ def test_sigterm_and_ctrl_c_stop_the_workers_and_leave_nothing(
     dest = tmp_path / "data"
     proc = start(_args(corpus, dest, "workers=2", f"spm.model={corpus / 'spm.model'}"))
     try:
-        wait_for_encoding(proc, tmp_path)
+        wait_until(proc, encoding(proc, tmp_path), timeout=240)
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -223,7 +203,7 @@ def test_a_second_run_on_the_same_data_dest_is_refused_naming_the_first(
     args = _args(corpus, dest, "workers=1", f"spm.model={corpus / 'spm.model'}")
     first = start(args)
     try:
-        wait_for(lambda: list(tmp_path.glob(".data.*.tmp")), first, "the first run building")
+        wait_until(first, lambda: bool(list(tmp_path.glob(".data.*.tmp"))), timeout=240)
         first.send_signal(signal.SIGSTOP)  # held mid-build, however fast this machine is
         second = subprocess.run(
             [str(BIN / "nmt-preprocess"), *args], capture_output=True, text=True, env=ENV
