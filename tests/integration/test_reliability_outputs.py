@@ -139,7 +139,10 @@ def test_no_command_writes_its_output_over_a_checkpoint(
         code, err, "import-fairseq", f"output={best}: exists and is a training checkpoint"
     )
     code, _, err = nmt_cli(
-        "generate", f"checkpoint={best}", f"input={small_corpus / 'test.en'}", f"output={best}"
+        "generate",
+        f"checkpoint={run_dir / 'checkpoint_last.pt'}",
+        f"input={small_corpus / 'test.en'}",
+        f"output={best}",
     )
     one_line_error(code, err, "generate", f"output={best}: exists and holds binary data")
     code, _, err = nmt_cli(
