@@ -186,6 +186,52 @@ def _unreadable(path: Path, exc: Exception) -> str:
     return f"truncated or corrupted ({first or type(exc).__name__})"
 
 
+def _describe_existing(path: Path) -> tuple[str, dict[str, Any] | None]:
+    """What the file at `path` is, and its `config` entry when it is an nmt checkpoint; the
+    tensors stay on disk (memory-mapped), so this costs little for any size."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return "not an nmt checkpoint", None
+    if not isinstance(obj, dict) or "model" not in obj or "model_config" not in obj:
+        return "not an nmt checkpoint", None
+    config = obj["config"] if isinstance(obj.get("config"), dict) else {}
+    if "train_state" in obj:
+        return "a training checkpoint (it holds train_state)", config
+    if "averaged_from" in config:
+        return "a checkpoint written by nmt-average", config
+    if "imported_from" in config:
+        return "a checkpoint written by nmt-import-fairseq", config
+    return "an nmt checkpoint", config
+
+
+def check_checkpoint_output(
+    path: str | os.PathLike, key: str, command: str, mark: str, overwrite: bool
+) -> None:
+    """NmtError unless `command` may write a checkpoint at `path` (given by option `key`).
+
+    Allowed: nothing there, or (with `overwrite`) a checkpoint that `command` wrote before,
+    recognized by `mark` in its `config` entry (nmt-average: averaged_from; nmt-import-fairseq:
+    imported_from). Never replaced: a directory, a training checkpoint, any other file.
+    """
+    path = Path(path)
+    given = f"{key}={path}"
+    if path.is_dir():
+        raise NmtError(f"{given}: is a directory; give a file name for the checkpoint")
+    if not path.exists():
+        return
+    what, config = _describe_existing(path)
+    if config is None or mark not in config:
+        raise NmtError(
+            f"{given}: exists and is {what}, not one {command} wrote; choose another {key} "
+            f"({command} replaces only its own earlier output)"
+        )
+    if not overwrite:
+        raise NmtError(
+            f"{given}: already exists; choose another path or set overwrite=true to replace it"
+        )
+
+
 def tokenizer_to_tensor(model_bytes: bytes) -> torch.Tensor:
     """SentencePiece model bytes as a uint8 tensor (weights_only-loadable)."""
     return torch.frombuffer(bytearray(model_bytes), dtype=torch.uint8).clone()

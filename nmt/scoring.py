@@ -27,7 +27,7 @@ from nmt.errors import NmtError
 
 if TYPE_CHECKING:
     from sacrebleu.significance import Result
-from nmt.fsutil import atomic_write_text, check_not_an_input
+from nmt.fsutil import atomic_write_text, check_not_an_input, check_text_output
 from nmt.textlines import TextLines, check_input_errors
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
@@ -577,6 +577,7 @@ def check_output(output: str, inputs: Sequence[tuple[str, str]]) -> None:
             "another output"
         )
     check_not_an_input("output", output, list(inputs))
+    check_text_output(path, "output", "nmt-score")
 
 
 def write_report(report: ScoreReport, output: str = STDIO, fmt: str = "text") -> None:

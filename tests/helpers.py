@@ -58,6 +58,22 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
     return replace(base, **overrides)
 
 
+def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:
+    """nmt-preprocess overrides that build `small_corpus` (tests/conftest.py) quickly into
+    `dest`: train, valid and test, a 200-piece model without byte pieces, one worker."""
+    return [
+        f"data.trainpref={corpus / 'train'}",
+        f"data.validpref={corpus / 'valid'}",
+        f"data.testpref=[{corpus / 'test'}]",
+        f"data.dest={dest}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "spm.num_threads=1",
+        "workers=1",
+        *extra,
+    ]
+
+
 def run_training(cfg: TrainConfig):
     """nmt.training.train(cfg), leaving torch's global thread count as it found it."""
     from nmt.training import train
@@ -175,14 +191,21 @@ def assert_fp16_overflows_were_skipped(trainer, stderr: str, init_scale: float) 
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
 
 
+def wait_until(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
+    """Return as soon as `ready()` holds; fail when `proc` ends first or `timeout` seconds
+    pass."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"exited ({proc.returncode}) before it was ready"
+        assert time.monotonic() < deadline, f"not ready within {timeout} s"
+        time.sleep(0.05)
+
+
 def kill_9_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
     """SIGKILL `proc` (no cleanup of its own runs) as soon as `ready()` holds; fails when
     the process ends first or `timeout` seconds pass."""
     try:
-        deadline = time.monotonic() + timeout
-        while not ready():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(proc, ready, timeout)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

@@ -36,7 +36,7 @@ from nmt.data.corpus import (
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
-from nmt.processes import ignore_sigint, sigint_deferred
+from nmt.processes import become_child_of, interrupts_deferred
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -286,9 +286,9 @@ def _append_eos(ids: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.insert(ids, np.cumsum(lens), EOS), lens + 1
 
 
-def _init_worker(settings: EncodeSettings) -> None:
+def _init_worker(settings: EncodeSettings, parent_pid: int) -> None:
     global _worker
-    ignore_sigint()
+    become_child_of(parent_pid)  # never outlive the main process, even one killed by -9
     _worker = _ChunkEncoder(settings)
 
 
@@ -349,7 +349,7 @@ class Encoder:
                 self.workers,
                 mp_context=multiprocessing.get_context(),
                 initializer=_init_worker,
-                initargs=(self.settings,),
+                initargs=(self.settings, os.getpid()),
             )
         else:
             self._local = _ChunkEncoder(self.settings)
@@ -362,7 +362,7 @@ class Encoder:
 
     def _submit(self, task: ChunkTask) -> Future[ChunkResult]:
         assert self._pool is not None
-        with sigint_deferred():  # a submit may fork the workers
+        with interrupts_deferred():  # a submit may fork the workers
             return self._pool.submit(_run_chunk, task)
 
     def _results(self, tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
@@ -380,7 +380,7 @@ class Encoder:
                 result = pending.popleft().result()
             except BrokenProcessPool as exc:
                 raise NmtError(
-                    "an encoding worker process died (out of memory?); run again "
+                    "an encoding worker process died (killed, or out of memory?); run again "
                     "with fewer workers or a smaller chunk_lines"
                 ) from exc
             for task in itertools.islice(queue, 1):

@@ -157,6 +157,13 @@ def _training_error(message: str, vocab_size: int, what: str) -> str:
             f"for its characters; set spm.vocab_size={too_low.group(2)} or more "
             "(or lower spm.character_coverage)"
         )
+    if (
+        "insert_id(" in message
+    ):  # fewer pieces than the special ids (a config's validate() says so first)
+        return (
+            f"spm.vocab_size={vocab_size}: too small for the special pieces (<s> <pad> </s> "
+            "<unk>) and byte pieces; use about 1000 for the demo corpus, 8000 for Multi30k"
+        )
     if "sentences_.empty()" in message:
         return f"{what}: no text to train SentencePiece on (every line is empty); check the files"
     return f"SentencePiece training on {what} failed: {_first_line(message)}"

@@ -24,7 +24,7 @@ from nmt.data.binarize import TokenArray
 from nmt.data.corpus import open_text, scan_file
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.fsutil import atomic_write, remove_stale_temps
+from nmt.fsutil import atomic_write, check_text_output, remove_stale_temps
 from nmt.generation.encoding import (
     PieceNames,
     TextEncoder,
@@ -313,6 +313,7 @@ def open_output(path: str) -> Iterator[IO[str]]:
     target = Path(path)
     if target.is_dir():
         raise NmtError(f"output={path}: is a directory; name a file")
+    check_text_output(target, "output", "nmt-generate")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
     with atomic_write(target, "w") as f:

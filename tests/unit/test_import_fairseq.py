@@ -474,7 +474,7 @@ def test_existing_output_is_not_overwritten(spms, tmp_path):
     cfg = ImportFairseqConfig(
         checkpoint=str(tmp_path / "none.pt"), spm=str(spms["joint"]), output=str(out)
     )
-    with pytest.raises(NmtError, match=r"already exists; choose another path or set overwrite"):
+    with pytest.raises(NmtError, match=r"exists and is not an nmt checkpoint, not one nmt-imp"):
         import_fairseq_checkpoint(cfg)
     assert out.read_bytes() == b"precious"
 
