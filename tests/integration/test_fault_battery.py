@@ -41,6 +41,7 @@ from test_reliability_crash import BIN, ENV, run_args, saved_update
 
 from nmt.checkpoint import load_checkpoint
 from nmt.fsutil import TMP_SUFFIX
+from nmt.training import run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -239,6 +240,7 @@ def checkpoints_whole(case: Case) -> str | None:
     if saved_update(case.output) < saved_update(case.previous):
         return "checkpoint_last.pt went back"
     replaced = {"checkpoint_last.pt", "checkpoint_best.pt", "config.yaml", "train.jsonl"}
+    replaced.add(run_dir.LOCK_FILE)  # each run writes its pid and host into its lock
     changed = [n for n in before if n in after and n not in replaced and after[n] != before[n]]
     if changed:
         return f"rewritten in place: {changed}"
