@@ -22,6 +22,7 @@ from nmt.errors import NmtError
 from nmt.model.config import ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "fixed")
+SCHEDULE_UNITS = ("updates", "time")
 PRECISIONS = ("fp32", "bf16", "fp16")  # nmt.runtime.PRECISIONS (not imported: it needs torch)
 BEST_METRICS = ("loss", "nll", "bleu")
 
@@ -60,6 +61,12 @@ class OptimConfig:
     warmup_init_lr: float = 1e-7  # learning rate of the first update
     min_lr: float = 0.0  # cosine: the learning rate at the end of the decay
     decay_updates: int = 0  # cosine: update at which min_lr is reached; 0 = max_update
+    # What warmup and decay count: "updates" (warmup_updates, decay_updates), or "time":
+    # the fraction of the time budget (max_time) used, so that the schedule ends with the
+    # budget whatever the machine's speed (warmup_fraction, decay_fraction).
+    schedule_unit: str = "updates"
+    warmup_fraction: float = 0.0  # time: the warmup's share of max_time
+    decay_fraction: float = 1.0  # time, cosine: the share of max_time at which min_lr is reached
 
     def validate(self) -> None:
         """Raise NmtError naming the first `optim.<key>` that cannot work."""
@@ -81,6 +88,51 @@ class OptimConfig:
         _at_least("optim.warmup_init_lr", self.warmup_init_lr, 0, "use e.g. 1e-7")
         _at_least("optim.min_lr", self.min_lr, 0, "use 0 to decay to zero")
         _at_least("optim.decay_updates", self.decay_updates, 0, "use 0 for max_update")
+        self._validate_unit()
+
+    def _validate_unit(self) -> None:
+        """The schedule's unit against the keys that count in it: fractions of the time
+        budget mean nothing to an update-based schedule, and update counts nothing to a
+        time-based one."""
+        unit = setting("optim.schedule_unit", self.schedule_unit)
+        if self.schedule_unit not in SCHEDULE_UNITS:
+            raise NmtError(f"{unit}: unknown; use one of {', '.join(SCHEDULE_UNITS)}")
+        warmup = setting("optim.warmup_fraction", self.warmup_fraction)
+        decay = setting("optim.decay_fraction", self.decay_fraction)
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise NmtError(f"{warmup}: must be in [0, 1) (a share of max_time); use e.g. 0.1")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise NmtError(f"{decay}: must be in (0, 1] (a share of max_time); use 1 for the end")
+        if self.schedule_unit == "updates":
+            for key, default in (("warmup_fraction", 0.0), ("decay_fraction", 1.0)):
+                value = getattr(self, key)
+                if value != default:
+                    counted = "warmup_updates" if key == "warmup_fraction" else "decay_updates"
+                    raise NmtError(
+                        f"{setting('optim.' + key, value)}: a share of the time budget, but "
+                        f"{unit} counts updates; set optim.schedule_unit=time (with "
+                        f"max_time), or give optim.{counted}"
+                    )
+            return
+        for key in ("warmup_updates", "decay_updates"):
+            value = getattr(self, key)
+            if value:
+                share = "warmup_fraction" if key == "warmup_updates" else "decay_fraction"
+                raise NmtError(
+                    f"{setting('optim.' + key, value)}: counts updates, but {unit} counts "
+                    f"shares of max_time; set optim.{key}=0 and give optim.{share}, or use "
+                    "optim.schedule_unit=updates"
+                )
+        if self.scheduler == "inverse_sqrt" and not self.warmup_fraction:
+            raise NmtError(
+                f"{warmup}: inverse_sqrt decays as lr * sqrt(warmup / position), so with "
+                f"{unit} it needs a warmup; use e.g. optim.warmup_fraction=0.1"
+            )
+        if self.scheduler == "cosine" and self.decay_fraction <= self.warmup_fraction:
+            raise NmtError(
+                f"{decay}: the cosine decay must end after the warmup "
+                f"(optim.warmup_fraction={self.warmup_fraction:g}); raise it"
+            )
 
     def decay_end(self, max_update: int) -> int:
         """The update at which the cosine schedule reaches min_lr (after the warmup)."""
@@ -230,7 +282,12 @@ class TrainConfig:
                     "configs/train.yaml for the default"
                 )
         self.optim.validate()
-        if self.optim.scheduler == "cosine":
+        if self.optim.schedule_unit == "time" and not self.max_time:
+            raise NmtError(
+                "optim.schedule_unit=time: the schedule runs over the time budget, but "
+                "max_time=0 sets none; set max_time (hours), or use optim.schedule_unit=updates"
+            )
+        if self.optim.scheduler == "cosine" and self.optim.schedule_unit == "updates":
             self.optim.decay_end(self.max_update)
 
     def train_weights(self) -> dict[str, float]:

@@ -22,6 +22,7 @@ _SHOWN = (
     ("ppl", ".2f"),
     ("bleu", ".2f"),
     ("lr", ".3g"),
+    ("budget", ".3f"),
     ("gnorm", ".3f"),
     ("tok_s", ".0f"),
     ("loss_scale", ".4g"),

@@ -26,6 +26,7 @@ class TrainMeter:
         self.tokens = 0  # target tokens of all ranks (skipped fp16 updates included)
         self.updates = 0  # updates made (skipped ones not counted)
         self.lr = 0.0  # learning rate of the latest update
+        self.schedule_position = 0.0  # where the lr schedule stood at it (updates or budget share)
         self.run_start = self.interval_start = time.monotonic()
 
     def start_run(self) -> None:

@@ -70,9 +70,7 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
     total_tokens = int(t.data.train.tgt_sizes[np.concatenate(group)].sum())
     share = rank_share(group, t.env.rank, t.env.world_size)
     loss_sums = forward_backward(t, model, group, share, total_tokens)
-    ranks_out_of_memory = int(loss_sums is None)
-    if t.env.is_distributed:  # all ranks skip the update, or none
-        ranks_out_of_memory = distributed.all_reduce_host([ranks_out_of_memory])[0]
+    ranks_out_of_memory, clock = agree_on_update(t, loss_sums is None)
     if loss_sums is None or ranks_out_of_memory:
         t.optimizer.zero_grad(set_to_none=True)
         skip_out_of_memory(t, group, total_tokens, ranks_out_of_memory)
@@ -85,7 +83,8 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
     if t.scaler.enabled:  # fp16: gradients of the scaled sums -> of the update's mean loss
         t.scaler.unscale_(grads, t.env.world_size / total_tokens)
     gnorm = torch.nn.utils.get_total_norm(grads)  # of the true gradients, before clipping
-    t.meter.lr = t.scheduler.step(t.progress.num_updates)
+    t.meter.lr = t.scheduler.step(t.progress.num_updates, clock)
+    t.meter.schedule_position = t.scheduler.position(t.progress.num_updates, clock)
     if t.scaler.enabled:
         scale_before = t.scaler.scale
         overflow = not bool(torch.isfinite(gnorm))  # fp16's one read from the device
@@ -104,6 +103,18 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
     t.meter.add_update(gnorm, t.progress.num_updates)
     if t.device.type == "cpu":  # a sync is free on CPU: stop at the very update
         t.meter.check_finite()
+
+
+def agree_on_update(t: Trainer, out_of_memory: bool) -> tuple[int, float]:
+    """(ranks that ran out of memory, the training clock in seconds) of this update, the
+    same on every rank. Under DDP both come from the one host all-reduce an update already
+    makes: all ranks skip the update or none, and a time-based schedule sets the same
+    learning rate everywhere (the ranks' clocks, averaged to the microsecond)."""
+    clock = t.training_seconds()
+    if not t.env.is_distributed:
+        return int(out_of_memory), clock
+    ranks, micros = distributed.all_reduce_host([int(out_of_memory), round(clock * 1e6)])
+    return ranks, micros / t.env.world_size / 1e6
 
 
 def forward_backward(
