@@ -105,7 +105,7 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         checkpoints=checkpoints,
         progress=progress,
         logger=logger,
-        meter=TrainMeter(rt.device, cfg.precision),
+        meter=TrainMeter(rt.device, cfg.precision, report_kl=cfg.rdrop_alpha > 0),
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
     )
 

@@ -167,6 +167,19 @@ class TrainConfig:
 
     # --- loss ---
     label_smoothing: float = 0.1  # epsilon of label-smoothed cross-entropy (0 = plain CE)
+    # R-Drop (Liang et al. 2021; fairseq's --rdrop-alpha): every batch runs twice under
+    # different dropout, and alpha x the symmetric KL between the two passes' output
+    # distributions joins the loss; 0 = off. An update then costs about twice as much.
+    rdrop_alpha: float = 0.0
+
+    # --- subword regularization (Kudo 2018; OpenNMT-py's src/tgt_subword_alpha) ---
+    # Each batch in SentencePiece segmentations drawn afresh every epoch, on the source,
+    # the target or both: alpha smooths a unigram model's sampling (lower = more varied
+    # and longer segmentations; 0.1-0.5 are usual), or is a BPE model's merge-dropout
+    # probability; 0 = the stored segmentation (off). Validation never samples.
+    src_subword_alpha: float = 0.0
+    tgt_subword_alpha: float = 0.0
+    subword_nbest_size: int = -1  # unigram: sample among the k best segmentations; -1 = all
 
     # --- batching ---
     max_tokens: int = 4096  # per batch: sentences x longest side (padding included)
@@ -270,6 +283,17 @@ class TrainConfig:
                 f"{setting('label_smoothing', self.label_smoothing)}: must be in [0, 1); "
                 "use 0.1 (fairseq's) or 0 for plain cross-entropy"
             )
+        self._validate_subword_sampling()
+        _at_least(
+            "rdrop_alpha", self.rdrop_alpha, 0, "use e.g. 5 (the R-Drop paper's), or 0 for off"
+        )
+        m = self.model
+        if self.rdrop_alpha > 0 and not (m.dropout or m.attention_dropout or m.activation_dropout):
+            raise NmtError(
+                f"{setting('rdrop_alpha', self.rdrop_alpha)}: R-Drop compares two passes that "
+                "differ only by dropout, but model.dropout, model.attention_dropout and "
+                "model.activation_dropout are 0; set model.dropout (e.g. 0.3), or rdrop_alpha=0"
+            )
         if self.keep_last < -1:
             raise NmtError(
                 f"{setting('keep_last', self.keep_last)}: must be -1 or more; use -1 to keep "
@@ -289,6 +313,30 @@ class TrainConfig:
             )
         if self.optim.scheduler == "cosine" and self.optim.schedule_unit == "updates":
             self.optim.decay_end(self.max_update)
+
+    def _validate_subword_sampling(self) -> None:
+        for key in ("src_subword_alpha", "tgt_subword_alpha"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise NmtError(
+                    f"{setting(key, value)}: must be in [0, 1]; use e.g. 0.1 (SentencePiece "
+                    "sampling's smoothing, or BPE-dropout's probability), or 0 for off"
+                )
+        nbest = self.subword_nbest_size
+        if nbest == 0 or nbest == 1 or nbest < -1:
+            raise NmtError(
+                f"{setting('subword_nbest_size', nbest)}: must be -1 or 2 or more; use -1 "
+                "(sample from every segmentation) or k (from the k best)"
+            )
+        if nbest != -1 and not self.subword_sampling():
+            raise NmtError(
+                f"{setting('subword_nbest_size', nbest)}: used only by subword sampling, "
+                "which is off; set src_subword_alpha and/or tgt_subword_alpha, or leave it -1"
+            )
+
+    def subword_sampling(self) -> bool:
+        """Whether training batches are in sampled segmentations on either side."""
+        return self.src_subword_alpha > 0 or self.tgt_subword_alpha > 0
 
     def train_weights(self) -> dict[str, float]:
         """`train_split` as {split: weight}; NmtError naming train_split if it cannot work."""
