@@ -151,6 +151,14 @@ def _compute_dtype(features: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if autocast else weight.dtype
 
 
+def _scaled_gradients(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The gradients a fused forward saved (times grad_scale), times the incoming gradient
+    of its sum, in the dtypes of the inputs they belong to."""
+    if ctx.grad_scale != 1.0:
+        grad_out = grad_out / ctx.grad_scale
+    return tuple((g * grad_out).to(dtype) for g, dtype in zip(ctx.saved_tensors, ctx.dtypes))
+
+
 def _no_autocast(device: str):
     """The blocks choose their dtypes themselves."""
     if torch.amp.is_autocast_available(device):
@@ -246,20 +254,7 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, grad_nll):
-        grad_h, grad_w = ctx.saved_tensors
-        h_dtype, w_dtype = ctx.dtypes
-        if ctx.grad_scale != 1.0:
-            grad_loss = grad_loss / ctx.grad_scale
-        return (
-            (grad_h * grad_loss).to(h_dtype),
-            (grad_w * grad_loss).to(w_dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        return (*_scaled_gradients(ctx, grad_loss), None, None, None, None, None, None)
 
 
 def rdrop_output_layer_loss(
@@ -433,19 +428,5 @@ class _OutputLayerRDrop(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_objective, *unused):
-        grad_h1, grad_h2, grad_w = ctx.saved_tensors
-        h1_dtype, h2_dtype, w_dtype = ctx.dtypes
-        if ctx.grad_scale != 1.0:
-            grad_objective = grad_objective / ctx.grad_scale
-        return (
-            (grad_h1 * grad_objective).to(h1_dtype),
-            (grad_h2 * grad_objective).to(h2_dtype),
-            (grad_w * grad_objective).to(w_dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        nones = (None,) * 7  # gold, epsilon, alpha, dtype, rows, want_grad, grad_scale
+        return (*_scaled_gradients(ctx, grad_objective), *nones)

@@ -48,6 +48,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun_two_ranks(worker: Path, *args: str, timeout: int = 180) -> None:
+    """Run the script `worker` as 2 gloo ranks under torchrun; a non-zero exit fails the test."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(worker), *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def two_ranks_and_one(demo_data_dir: Path, tmp_path: Path, common: dict) -> tuple[dict, dict]:
+    """The tiny model (no dropout) trained with `common` by 2 gloo ranks (update_freq=1,
+    in tmp_path/ddp) and by one process (update_freq=2, in tmp_path/single): their last
+    weights, which must be the same updates."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        from pathlib import Path
+        from helpers import NO_DROPOUT, run_training, tiny_config
+        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
+                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
+    """)
+    )
+    torchrun_two_ranks(worker)
+    run_training(
+        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
+    )
+    return last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
+
+
 def test_env_from_environ():
     assert env_from_environ({}) == DistEnv(0, 1, 0)
     env = env_from_environ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
@@ -66,35 +99,7 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
         eval_bleu_max_sentences=12,
         eval_bleu_len_b=4,
     )
-    worker = tmp_path / "worker.py"
-    worker.write_text(
-        textwrap.dedent(f"""
-        from pathlib import Path
-        from helpers import NO_DROPOUT, run_training, tiny_config
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
-                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
-    """)
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(worker),
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run_training(
-        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
-    )
-    ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
+    ddp, single = two_ranks_and_one(demo_data_dir, tmp_path, common)
     assert ddp.keys() == single.keys()
     worst = max(float((ddp[k] - single[k]).abs().max()) for k in ddp)
     assert worst <= 1e-6
@@ -119,28 +124,7 @@ def test_target_side_subword_sampling_two_ranks_equal_one_rank(demo_data_dir, tm
     2 ranks still make the updates of 1 rank with update_freq=2 (the same draws: they are
     a function of seed, epoch and batch, not of the rank)."""
     common = dict(max_update=6, src_subword_alpha=0.2, tgt_subword_alpha=0.2)
-    worker = tmp_path / "worker.py"
-    worker.write_text(
-        textwrap.dedent(f"""
-        from pathlib import Path
-        from helpers import NO_DROPOUT, run_training, tiny_config
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
-                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
-    """)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        + [str(worker)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run_training(
-        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
-    )
-    ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
+    ddp, single = two_ranks_and_one(demo_data_dir, tmp_path, common)
     assert max(float((ddp[k] - single[k]).abs().max()) for k in ddp) <= 1e-6
     # the logged token counts are those drawn, longer than those stored
     logged = [
@@ -180,15 +164,7 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
     """)
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        + [str(worker)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    torchrun_two_ranks(worker)
     real_forward, calls = Transformer.forward, []
 
     def forward(self, *args, **kwargs):

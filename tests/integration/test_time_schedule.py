@@ -16,38 +16,27 @@ import time
 from pathlib import Path
 
 import pytest
+from test_ddp import torchrun_two_ranks
+from test_reliability_input import train_args
 
 from nmt.checkpoint import load_checkpoint
 from nmt.cli import compose_config, to_dataclass
 from nmt.training.optim import schedule_function
 
 BIN = Path(sys.executable).parent
-TESTS = Path(__file__).resolve().parents[1]
 BUDGET_S = 10.0  # the run's max_time, in seconds
 
 
 def time_schedule_args(data: Path, save_dir: Path, budget_s: float = BUDGET_S) -> list[str]:
     """The tiny model on the demo's valid split for `budget_s` seconds, its lr over that
     budget: warmup in the first 20%, a cosine down to min_lr at the end."""
+    common = [a for a in train_args(data, save_dir) if not a.startswith("max_update=")]
     return [
-        f"data={data}",
-        f"save_dir={save_dir}",
-        "train_split=valid",
-        "valid_split=''",
-        "max_tokens=500",
+        *common,
         f"max_time={budget_s / 3600.0!r}",
-        "threads=1",
-        "device=cpu",
-        "tensorboard=false",
-        "progress_bar=false",
         "log_interval=1",
         "save_interval_updates=50",
         "keep_last=1",
-        "model.embed_dim=16",
-        "model.ffn_dim=32",
-        "model.attention_heads=2",
-        "model.encoder_layers=1",
-        "model.decoder_layers=1",
         "optim=adam_cosine_time",
         "optim.lr=1e-3",
         "optim.warmup_fraction=0.2",
@@ -146,26 +135,7 @@ def test_ranks_set_the_same_lr_from_one_agreed_clock(demo_data_dir, tmp_path):
     worker.write_text(WORKER)
     args = time_schedule_args(demo_data_dir, tmp_path / "ddp", budget_s=3600.0)
     args += ["max_update=12", "model.dropout=0.0", "optim.warmup_fraction=0.5"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(worker),
-            str(tmp_path),
-            *args,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    torchrun_two_ranks(worker, str(tmp_path), *args, timeout=300)
     rank0, rank1 = (json.loads((tmp_path / f"lrs.{r}.json").read_text()) for r in (0, 1))
     assert len(rank0) == 12 and rank0 == rank1
     lrs = [lr for _, lr in rank0]

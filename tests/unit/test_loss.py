@@ -397,20 +397,14 @@ def test_rdrop_on_a_tiny_model_matches_the_unfused_criterion():
     fairseq's criterion on the model's logits (float64 model; the fused blocks compute in
     fp32, whose relative rounding, ~(V + D) * U = 2e-5 of the logits' gradient, bounds the
     difference; a wiring mistake is of the order of the gradient itself)."""
-    from nmt.model.config import ModelConfig
+    from dataclasses import replace
+
+    from helpers import TINY_MODEL
+
     from nmt.model.transformer import Transformer
 
-    cfg = ModelConfig(
-        embed_dim=16,
-        ffn_dim=32,
-        attention_heads=2,
-        encoder_layers=1,
-        decoder_layers=1,
-        dropout=0.3,
-        share_decoder_input_output_embed=True,
-    )
     torch.manual_seed(0)
-    model = Transformer(cfg, 40, 40).double().train()
+    model = Transformer(replace(TINY_MODEL, dropout=0.3), 40, 40).double().train()
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, 40, (3, 6), generator=g)
     target = torch.randint(4, 40, (3, 5), generator=g)
