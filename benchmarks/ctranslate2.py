@@ -1,9 +1,17 @@
 """nmt-generate against CTranslate2 on the same weights, input, beam and threads.
 
-Exports the checkpoint to CTranslate2 (fp32 and int8), decodes the same length-sorted
-batches with nmt.Translator (what nmt-generate runs) and with ctranslate2.Translator, and prints target tokens/s of each (EOS counted, as nmt-generate
-counts) with the ratio nmt / CTranslate2 from this one run, plus how many fp32
-translations are identical. Tokenization, model loading and warm-up are outside the timing.
+Exports the checkpoint to CTranslate2, decodes the same length-sorted batches with
+nmt.Translator (what nmt-generate runs) and with ctranslate2.Translator, and prints target
+tokens/s and sentences/s of each (EOS counted, as nmt-generate counts) with the ratio
+nmt / CTranslate2 from this one run, plus how many translations are identical.
+Tokenization, model loading and warm-up are outside the timing.
+
+On the CPU CTranslate2 runs float32 and int8; with `--device cuda` (a CUDA build of torch
+and of ctranslate2) float32 and float16, each clock read after torch.cuda.synchronize,
+and nmt in `--precision` (fp32, bf16 or fp16), e.g. issue 20's comparison:
+
+    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
+        --device cuda --precision fp16 --beam 4 --max-sentences 128
 
     .venv/bin/python -m benchmarks.ctranslate2 --checkpoint runs/demo/checkpoint_best.pt
     .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
@@ -40,25 +48,36 @@ from nmt.runtime import Runtime
 NAME = "ctranslate2"
 
 
-def timed(fn: Callable[[], int], repeat: int) -> tuple[float, float, int]:
+def timed(
+    fn: Callable[[], int], repeat: int, sync: Callable[[], None] | None = None
+) -> tuple[float, float, int]:
     """Best wall time and best CPU time (all threads of this process) of `repeat` runs of
     fn, which returns the tokens it produced. CPU time is the figure that survives a
-    machine shared with other jobs; wall time is what a user waits."""
+    machine shared with other jobs; wall time is what a user waits. `sync`: see
+    common.timed (torch.cuda.synchronize on a GPU)."""
     wall = cpu = float("inf")
     tokens = 0
     for _ in range(repeat):
-        with common.timed() as t:
+        with common.timed(sync) as t:
             tokens = fn()
         wall, cpu = min(wall, t.wall), min(cpu, t.cpu)
     return wall, cpu, tokens
 
 
-def line(name: str, tokens: int, wall: float, cpu: float) -> str:
+def line(name: str, tokens: int, wall: float, cpu: float, sentences: int) -> str:
     wall, cpu = max(wall, 1e-9), max(cpu, 1e-9)
     return (
-        f"{name:19s} {tokens / wall:8.0f} tokens/s wall ({wall:6.2f} s)  "
-        f"{tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)"
+        f"{name:19s} {tokens / wall:8.0f} tokens/s wall ({wall:6.2f} s, "
+        f"{sentences / wall:7.1f} sentences/s)  {tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)"
     )
+
+
+# CTranslate2's (quantization at export, compute_type at load) per device: float32 is
+# compared with nmt's fp32 for identical translations, the others for speed.
+CT2_TYPES = {
+    "cpu": (("none", "float32"), ("int8", "int8")),
+    "cuda": (("none", "float32"), ("none", "float16")),
+}
 
 
 def random_checkpoint(preset: str, spm_path: str | Path, out: Path) -> Path:
@@ -153,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--repeat", type=common.positive_int, default=2, help="timed runs per engine (best is kept)"
     )
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where both engines run (cuda: CTranslate2 float32 and float16)",
+    )
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="nmt's precision (fp16 needs --device cuda)",
+    )
     ap.add_argument("--profile", action="store_true", help="also print where nmt's time goes")
     return ap
 
@@ -168,6 +199,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b
     )
     ct2 = require_ctranslate2()
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise common.BenchError("--device cuda: torch sees no CUDA device; use --device cpu")
+    if cuda and ct2.get_cuda_device_count() == 0:
+        raise common.BenchError(
+            f"--device cuda: this ctranslate2 ({ct2.__version__}) sees no CUDA device"
+        )
+    if args.precision == "fp16" and not cuda:
+        raise common.BenchError("--precision fp16: needs --device cuda; use fp32 or bf16")
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if cuda else None
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
     with open(args.input, encoding="utf-8") as f:
@@ -178,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             random_checkpoint(args.preset, args.spm, Path(tmp.name) / "random.pt")
         )
 
-    bundle = load_for_inference(args.checkpoint, "cpu")
+    bundle = load_for_inference(args.checkpoint, device)
     tok = bundle.src_tokenizer
     if bundle.data.get("normalization", {}).get("nfkc", False):
         lines = [normalize_text(t, True) for t in lines]
@@ -193,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bundle.src_tokenizer,
         bundle.tgt_tokenizer,
         search=search,
-        runtime=Runtime(torch.device("cpu")),
+        runtime=Runtime(device, args.precision),  # exact fp32: no TF32, as nmt-generate
         max_sentences=args.max_sentences,
     )
     nmt_out: dict[int, list[int]] = {}
@@ -207,7 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return n
 
     run_nmt()  # warm-up
-    nmt_wall, nmt_cpu, nmt_tokens = timed(run_nmt, args.repeat)
+    nmt_wall, nmt_cpu, nmt_tokens = timed(run_nmt, args.repeat, sync)
     cfg = bundle.model_config
     print(
         f"model: {args.preset or args.checkpoint}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
@@ -216,12 +258,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"sentences {len(sources)}, batches {len(batches)} (<= {args.max_sentences} sentences), "
         f"beam {args.beam}, lenpen {args.lenpen}, threads {args.threads}, torch {torch.__version__}, "
-        f"ctranslate2 {ct2.__version__}"
+        f"ctranslate2 {ct2.__version__}, "
+        + (torch.cuda.get_device_name(device) if cuda else f"CPU: {common.cpu_model()}")
     )
     print(
         f"output: {nmt_tokens} target tokens, {nmt_tokens / len(sources):.1f} per sentence (</s> included)"
     )
-    print(line("nmt fp32", nmt_tokens, nmt_wall, nmt_cpu))
+    print(line(f"nmt {args.precision}", nmt_tokens, nmt_wall, nmt_cpu, len(sources)))
     figures: dict[str, Any] = {
         "model": args.preset or args.checkpoint,
         "sentences": len(sources),
@@ -229,20 +272,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "beam": args.beam,
         "lenpen": args.lenpen,
         "threads": args.threads,
+        "device": torch.cuda.get_device_name(device) if cuda else common.cpu_model(),
+        "precision": args.precision,
         "ctranslate2": ct2.__version__,
-        "nmt": {"tokens": nmt_tokens, "wall": nmt_wall, "cpu": nmt_cpu},
+        "nmt": {
+            "tokens": nmt_tokens,
+            "sentences_per_s": len(sources) / max(nmt_wall, 1e-9),
+            "wall": nmt_wall,
+            "cpu": nmt_cpu,
+        },
     }
 
     import sentencepiece as spm
 
     tgt = spm.SentencePieceProcessor(model_proto=bundle.tgt_tokenizer.model_bytes)
     with tmp:
-        for quantization, compute_type in (("none", "float32"), ("int8", "int8")):
+        for quantization, compute_type in CT2_TYPES[args.device]:
             out = Path(tmp.name) / quantization
-            export_ctranslate2(args.checkpoint, out, quantization)
+            if not out.exists():
+                export_ctranslate2(args.checkpoint, out, quantization)
             peer = ct2.Translator(
                 str(out),
-                device="cpu",
+                device=args.device,
                 compute_type=compute_type,
                 intra_threads=args.threads,
                 inter_threads=1,
@@ -264,12 +315,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         n += len(r.hypotheses[0]) + 1  # + EOS, which CTranslate2 does not return
                 return n
 
-            run_ct2()  # warm-up
-            ct2_wall, ct2_cpu, ct2_tokens = timed(run_ct2, args.repeat)
+            try:
+                run_ct2()  # warm-up; loads CTranslate2's CUDA libraries on a GPU
+            except RuntimeError as exc:  # 4.x opens libcublas.so.12: a CUDA 13 system lacks it
+                if "not found or cannot be loaded" not in str(exc):
+                    raise
+                raise common.BenchError(f"--device {args.device}: ctranslate2: {exc}") from None
+            ct2_wall, ct2_cpu, ct2_tokens = timed(run_ct2, args.repeat, sync)
             same = sum(
                 ct2_out[i] == [tgt.id_to_piece(t) for t in nmt_out[i] if t != EOS] for i in nmt_out
             )
-            print(line(f"ctranslate2 {compute_type}", ct2_tokens, ct2_wall, ct2_cpu))
+            print(line(f"ctranslate2 {compute_type}", ct2_tokens, ct2_wall, ct2_cpu, len(sources)))
             wall_ratio = (nmt_tokens * ct2_wall) / max(ct2_tokens * nmt_wall, 1e-9)
             cpu_ratio = (nmt_tokens * ct2_cpu) / max(ct2_tokens * nmt_cpu, 1e-9)
             print(
@@ -278,6 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             figures[f"ctranslate2_{compute_type}"] = {
                 "tokens": ct2_tokens,
+                "sentences_per_s": len(sources) / max(ct2_wall, 1e-9),
                 "wall": ct2_wall,
                 "cpu": ct2_cpu,
                 "nmt_over_ctranslate2_wall": wall_ratio,

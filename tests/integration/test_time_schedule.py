@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ddp import torchrun_two_ranks
+from helpers import torchrun_standalone
 from test_reliability_input import train_args
 
 from nmt.checkpoint import load_checkpoint
@@ -135,7 +135,8 @@ def test_ranks_set_the_same_lr_from_one_agreed_clock(demo_data_dir, tmp_path):
     worker.write_text(WORKER)
     args = time_schedule_args(demo_data_dir, tmp_path / "ddp", budget_s=3600.0)
     args += ["max_update=12", "model.dropout=0.0", "optim.warmup_fraction=0.5"]
-    torchrun_two_ranks(worker, str(tmp_path), *args, timeout=300)
+    failure = torchrun_standalone([str(worker), str(tmp_path), *args], tmp_path / "logs", 300)
+    assert failure is None, failure
     rank0, rank1 = (json.loads((tmp_path / f"lrs.{r}.json").read_text()) for r in (0, 1))
     assert len(rank0) == 12 and rank0 == rank1
     lrs = [lr for _, lr in rank0]
