@@ -78,7 +78,8 @@ fi
 SMOKE_ARGS=()
 if [ "$SMOKE" = 1 ]; then
   N=${SMOKE_UPDATES:-60}
-  SMOKE_ARGS=(max_time=0 max_update=$N save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
+  # max_time stays: the recipe's schedule runs over it (max_update stops the run first)
+  SMOKE_ARGS=(max_update=$N save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
               validate_interval_updates=$(( N / 2 > 0 ? N / 2 : 1 )) validate_every_epoch=false
               keep_last=$AVG log_interval=$(( N / 6 > 0 ? N / 6 : 1 )))
 fi

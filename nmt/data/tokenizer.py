@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import sentencepiece as spm
 
 from nmt.data.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
@@ -84,6 +85,15 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._sp.encode(list(texts))
+
+    def decode_batch(self, seqs: Sequence[np.ndarray]) -> list[str]:
+        """decode() of each id array; special ids dropped."""
+        kept = [seq[seq > UNK].tolist() for seq in map(np.asarray, seqs)]
+        return self._sp.decode(kept, num_threads=1)
+
+    def nbest_encode(self, text: str, nbest_size: int) -> list[list[int]]:
+        """Ids of the `nbest_size` best segmentations of `text`, best first (unigram)."""
+        return self._sp.nbest_encode_as_ids(text, nbest_size)
 
     def encode_as_pieces(self, text: str) -> list[str]:
         return self._sp.encode(text, out_type=str)

@@ -25,7 +25,7 @@ from nmt.training.config import TrainConfig
 from nmt.training.data import load_train_data
 from nmt.training.logging import TrainLogger
 from nmt.training.meter import TrainMeter
-from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
+from nmt.training.optim import build_optimizer, build_scheduler
 from nmt.training.run_dir import check_place, lock_run_dir
 from nmt.training.scaler import LossScaler
 from nmt.training.state import restore
@@ -60,7 +60,9 @@ def _build(
     data = load_train_data(cfg)
     model = build_model(cfg, data.meta, rt.device, env.rank)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
-    scheduler = LRScheduler(optimizer, schedule_function(cfg.optim, cfg.max_update))
+    scheduler = build_scheduler(
+        optimizer, cfg.optim, max_update=cfg.max_update, max_time=cfg.max_time
+    )
     scaler = LossScaler(cfg.fp16_init_scale, enabled=cfg.precision == "fp16")
     maximize = cfg.best_metric == "bleu"
     best = BestTracker(cfg.best_metric, maximize)
@@ -119,7 +121,7 @@ def _build(
         checkpoints=checkpoints,
         progress=progress,
         logger=logger,
-        meter=TrainMeter(rt.device, cfg.precision),
+        meter=TrainMeter(rt.device, cfg.precision, report_kl=cfg.rdrop_alpha > 0),
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
         run_lock=run_lock,
     )

@@ -22,6 +22,7 @@ from nmt.errors import NmtError
 from nmt.model.config import ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "fixed")
+SCHEDULE_UNITS = ("updates", "time")
 PRECISIONS = ("fp32", "bf16", "fp16")  # nmt.runtime.PRECISIONS (not imported: it needs torch)
 BEST_METRICS = ("loss", "nll", "bleu")
 
@@ -60,6 +61,12 @@ class OptimConfig:
     warmup_init_lr: float = 1e-7  # learning rate of the first update
     min_lr: float = 0.0  # cosine: the learning rate at the end of the decay
     decay_updates: int = 0  # cosine: update at which min_lr is reached; 0 = max_update
+    # What warmup and decay count: "updates" (warmup_updates, decay_updates), or "time":
+    # the fraction of the time budget (max_time) used, so that the schedule ends with the
+    # budget whatever the machine's speed (warmup_fraction, decay_fraction).
+    schedule_unit: str = "updates"
+    warmup_fraction: float = 0.0  # time: the warmup's share of max_time
+    decay_fraction: float = 1.0  # time, cosine: the share of max_time at which min_lr is reached
 
     def validate(self) -> None:
         """Raise NmtError naming the first `optim.<key>` that cannot work."""
@@ -81,6 +88,51 @@ class OptimConfig:
         _at_least("optim.warmup_init_lr", self.warmup_init_lr, 0, "use e.g. 1e-7")
         _at_least("optim.min_lr", self.min_lr, 0, "use 0 to decay to zero")
         _at_least("optim.decay_updates", self.decay_updates, 0, "use 0 for max_update")
+        self._validate_unit()
+
+    def _validate_unit(self) -> None:
+        """The schedule's unit against the keys that count in it: fractions of the time
+        budget mean nothing to an update-based schedule, and update counts nothing to a
+        time-based one."""
+        unit = setting("optim.schedule_unit", self.schedule_unit)
+        if self.schedule_unit not in SCHEDULE_UNITS:
+            raise NmtError(f"{unit}: unknown; use one of {', '.join(SCHEDULE_UNITS)}")
+        warmup = setting("optim.warmup_fraction", self.warmup_fraction)
+        decay = setting("optim.decay_fraction", self.decay_fraction)
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise NmtError(f"{warmup}: must be in [0, 1) (a share of max_time); use e.g. 0.1")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise NmtError(f"{decay}: must be in (0, 1] (a share of max_time); use 1 for the end")
+        if self.schedule_unit == "updates":
+            for key, default in (("warmup_fraction", 0.0), ("decay_fraction", 1.0)):
+                value = getattr(self, key)
+                if value != default:
+                    counted = "warmup_updates" if key == "warmup_fraction" else "decay_updates"
+                    raise NmtError(
+                        f"{setting('optim.' + key, value)}: a share of the time budget, but "
+                        f"{unit} counts updates; set optim.schedule_unit=time (with "
+                        f"max_time), or give optim.{counted}"
+                    )
+            return
+        for key in ("warmup_updates", "decay_updates"):
+            value = getattr(self, key)
+            if value:
+                share = "warmup_fraction" if key == "warmup_updates" else "decay_fraction"
+                raise NmtError(
+                    f"{setting('optim.' + key, value)}: counts updates, but {unit} counts "
+                    f"shares of max_time; set optim.{key}=0 and give optim.{share}, or use "
+                    "optim.schedule_unit=updates"
+                )
+        if self.scheduler == "inverse_sqrt" and not self.warmup_fraction:
+            raise NmtError(
+                f"{warmup}: inverse_sqrt decays as lr * sqrt(warmup / position), so with "
+                f"{unit} it needs a warmup; use e.g. optim.warmup_fraction=0.1"
+            )
+        if self.scheduler == "cosine" and self.decay_fraction <= self.warmup_fraction:
+            raise NmtError(
+                f"{decay}: the cosine decay must end after the warmup "
+                f"(optim.warmup_fraction={self.warmup_fraction:g}); raise it"
+            )
 
     def decay_end(self, max_update: int) -> int:
         """The update at which the cosine schedule reaches min_lr (after the warmup)."""
@@ -115,6 +167,19 @@ class TrainConfig:
 
     # --- loss ---
     label_smoothing: float = 0.1  # epsilon of label-smoothed cross-entropy (0 = plain CE)
+    # R-Drop (Liang et al. 2021; fairseq's --rdrop-alpha): every batch runs twice under
+    # different dropout, and alpha x the symmetric KL between the two passes' output
+    # distributions joins the loss; 0 = off. An update then costs about twice as much.
+    rdrop_alpha: float = 0.0
+
+    # --- subword regularization (Kudo 2018; OpenNMT-py's src/tgt_subword_alpha) ---
+    # Each batch in SentencePiece segmentations drawn afresh every epoch, on the source,
+    # the target or both: alpha smooths a unigram model's sampling (lower = more varied
+    # and longer segmentations; 0.1-0.5 are usual), or is a BPE model's merge-dropout
+    # probability; 0 = the stored segmentation (off). Validation never samples.
+    src_subword_alpha: float = 0.0
+    tgt_subword_alpha: float = 0.0
+    subword_nbest_size: int = -1  # unigram: sample among the k best segmentations; -1 = all
 
     # --- batching ---
     max_tokens: int = 4096  # per batch: sentences x longest side (padding included)
@@ -221,6 +286,17 @@ class TrainConfig:
                 f"{setting('label_smoothing', self.label_smoothing)}: must be in [0, 1); "
                 "use 0.1 (fairseq's) or 0 for plain cross-entropy"
             )
+        self._validate_subword_sampling()
+        _at_least(
+            "rdrop_alpha", self.rdrop_alpha, 0, "use e.g. 5 (the R-Drop paper's), or 0 for off"
+        )
+        m = self.model
+        if self.rdrop_alpha > 0 and not (m.dropout or m.attention_dropout or m.activation_dropout):
+            raise NmtError(
+                f"{setting('rdrop_alpha', self.rdrop_alpha)}: R-Drop compares two passes that "
+                "differ only by dropout, but model.dropout, model.attention_dropout and "
+                "model.activation_dropout are 0; set model.dropout (e.g. 0.3), or rdrop_alpha=0"
+            )
         if self.keep_last < -1:
             raise NmtError(
                 f"{setting('keep_last', self.keep_last)}: must be -1 or more; use -1 to keep "
@@ -233,8 +309,37 @@ class TrainConfig:
                     "configs/train.yaml for the default"
                 )
         self.optim.validate()
-        if self.optim.scheduler == "cosine":
+        if self.optim.schedule_unit == "time" and not self.max_time:
+            raise NmtError(
+                "optim.schedule_unit=time: the schedule runs over the time budget, but "
+                "max_time=0 sets none; set max_time (hours), or use optim.schedule_unit=updates"
+            )
+        if self.optim.scheduler == "cosine" and self.optim.schedule_unit == "updates":
             self.optim.decay_end(self.max_update)
+
+    def _validate_subword_sampling(self) -> None:
+        for key in ("src_subword_alpha", "tgt_subword_alpha"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise NmtError(
+                    f"{setting(key, value)}: must be in [0, 1]; use e.g. 0.1 (SentencePiece "
+                    "sampling's smoothing, or BPE-dropout's probability), or 0 for off"
+                )
+        nbest = self.subword_nbest_size
+        if nbest == 0 or nbest == 1 or nbest < -1:
+            raise NmtError(
+                f"{setting('subword_nbest_size', nbest)}: must be -1 or 2 or more; use -1 "
+                "(sample from every segmentation) or k (from the k best)"
+            )
+        if nbest != -1 and not self.subword_sampling():
+            raise NmtError(
+                f"{setting('subword_nbest_size', nbest)}: used only by subword sampling, "
+                "which is off; set src_subword_alpha and/or tgt_subword_alpha, or leave it -1"
+            )
+
+    def subword_sampling(self) -> bool:
+        """Whether training batches are in sampled segmentations on either side."""
+        return self.src_subword_alpha > 0 or self.tgt_subword_alpha > 0
 
     def train_weights(self) -> dict[str, float]:
         """`train_split` as {split: weight}; NmtError naming train_split if it cannot work."""

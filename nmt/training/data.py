@@ -34,6 +34,7 @@ from nmt.data.batching import (
 )
 from nmt.data.dataset import ConcatSequences, PairDataset, load_pair_dataset, open_side
 from nmt.data.meta import DataMeta, load_meta
+from nmt.data.subword_sampling import SubwordSampler
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.training.config import TrainConfig, setting
@@ -72,6 +73,8 @@ class TrainData:
     data_dir: str = ""
     read_splits: list[str] = field(default_factory=list)  # train corpora and valid split
     notes: list[str] = field(default_factory=list)
+    sampler: SubwordSampler | None = None  # subword regularization; None: as stored
+    packing_tokens: int = 0  # the stored tokens a batch is packed to; 0: max_tokens
     _epoch_shards: tuple[int, ...] = ()
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     _tgt_tokenizer: Any = field(default=None, repr=False)
@@ -84,10 +87,20 @@ class TrainData:
             self.mixed_indices(epoch),
             self.train.src_sizes,
             self.train.tgt_sizes,
-            max_tokens=self.max_tokens,
+            max_tokens=self.packing_tokens or self.max_tokens,
             max_sentences=self.max_sentences,
             seed=self.seed,
             epoch=epoch,
+        )
+
+    def train_pairs(self, rows: np.ndarray, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The training pairs of `rows` (a batch of `epoch`): as stored, or in segmentations
+        drawn for this batch (subword sampling; a function of seed, epoch and rows)."""
+        pairs = self.train.pairs(rows)
+        if self.sampler is None:
+            return pairs
+        return self.sampler.sample(
+            pairs, rows, epoch, max_tokens=self.max_tokens, max_positions=self.max_positions
         )
 
     def load_epoch(self, epoch: int) -> None:
@@ -236,9 +249,35 @@ def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
         )
     data.load_epoch(epoch)
     data.notes[:0] = notes
+    if cfg.subword_sampling():
+        _set_up_sampling(data, cfg)
     if cfg.valid_split:
         _load_valid(data, cfg, cfg.valid_split)
     return data
+
+
+def _set_up_sampling(data: TrainData, cfg: TrainConfig) -> None:
+    """Subword regularization: the sampler, and the stored tokens a batch is packed to so
+    that its sampled segmentations keep within max_tokens (see nmt.data.subword_sampling);
+    sized on epoch 1's pairs, so that every start of the run packs the same batches."""
+    from nmt.data.tokenizer import Tokenizer
+
+    tokenizers = (
+        Tokenizer(data.tokenizer_bytes["src"], name=f"{cfg.data} source tokenizer"),
+        Tokenizer(data.tokenizer_bytes["tgt"], name=f"{cfg.data} target tokenizer"),
+    )
+    alphas = (cfg.src_subword_alpha, cfg.tgt_subword_alpha)
+    data.sampler = SubwordSampler(tokenizers, alphas, cfg.subword_nbest_size, cfg.seed)
+    factor = data.sampler.packing_factor(data.train, data.train_indices)
+    data.packing_tokens = max(1, int(cfg.max_tokens / factor))
+    sides = " and ".join(
+        f"{side} alpha {alpha:g}" for side, alpha in zip(("source", "target"), alphas) if alpha
+    )
+    data.notes.append(
+        f"train: subword sampling ({sides}, nbest {cfg.subword_nbest_size}): sampled pairs "
+        f"are {factor:.2f}x longer (95th percentile), so batches are packed to "
+        f"{data.packing_tokens} stored tokens to keep within max_tokens={cfg.max_tokens}"
+    )
 
 
 def _filter_train(

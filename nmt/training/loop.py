@@ -237,6 +237,8 @@ def log_train(t: Trainer, epoch: int) -> None:
     """The figures since the last log line, to every log channel (a collective)."""
     metrics: dict[str, float] = t.meter.summary()
     metrics["wall"] = round(t.training_seconds(), 1)
+    if t.scheduler.by_time:  # the share of max_time the latest update's lr was set at
+        metrics["budget"] = t.meter.schedule_position
     if t.scaler.enabled:
         metrics["loss_scale"] = t.scaler.scale
     t.logger.train(t.progress.num_updates, epoch, metrics)

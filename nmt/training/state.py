@@ -165,7 +165,7 @@ def load_train_state(
         if state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
     if cfg.reset_lr_scheduler:
-        scheduler.restart(progress.num_updates)
+        scheduler.restart(progress.num_updates, progress.elapsed)
     else:
         scheduler.load_state_dict(state["lr_scheduler"])
     if not cfg.reset_dataloader:

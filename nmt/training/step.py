@@ -23,6 +23,8 @@ all_reduce_host), whether any of them ran out of memory.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,7 +35,7 @@ from nmt.data.batching import rank_share
 from nmt.data.collate import Batch, collate
 from nmt.data.vocab import PAD
 from nmt.errors import NmtError
-from nmt.training.loss import output_layer_loss, real_positions
+from nmt.training.loss import output_layer_loss, rdrop_output_layer_loss, real_positions
 
 if TYPE_CHECKING:
     from nmt.training.trainer import Trainer
@@ -66,26 +68,30 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
     """One optimizer update from `group` (all ranks' batches of this update)."""
     model = t.ddp if t.ddp is not None else t.model
     model.train()
-    # Target tokens of the whole update, over all ranks: known from the lengths alone.
-    total_tokens = int(t.data.train.tgt_sizes[np.concatenate(group)].sum())
+    # Target tokens of the whole update, over all ranks: known from the stored lengths.
+    stored_tokens = int(t.data.train.tgt_sizes[np.concatenate(group)].sum())
     share = rank_share(group, t.env.rank, t.env.world_size)
-    loss_sums = forward_backward(t, model, group, share, total_tokens)
-    ranks_out_of_memory = int(loss_sums is None)
-    if t.env.is_distributed:  # all ranks skip the update, or none
-        ranks_out_of_memory = distributed.all_reduce_host([ranks_out_of_memory])[0]
-    if loss_sums is None or ranks_out_of_memory:
+    sums = forward_backward(t, model, group, share, stored_tokens)
+    ranks_out_of_memory, total_tokens, clock = agree_on_update(t, sums, stored_tokens)
+    if sums is None or ranks_out_of_memory:
         t.optimizer.zero_grad(set_to_none=True)
-        skip_out_of_memory(t, group, total_tokens, ranks_out_of_memory)
+        skip_out_of_memory(t, group, stored_tokens, ranks_out_of_memory)
         return
     t.ooms_in_a_row = 0
-    t.meter.add_losses(loss_sums)
+    t.meter.add_losses(sums.losses)
 
     params = [p for p in t.model.parameters() if p.grad is not None]
     grads = [g for p in params if (g := p.grad) is not None]
+    if total_tokens != stored_tokens and not t.scaler.enabled:
+        # Target-side subword sampling: the losses were divided by the stored token count
+        # (the one known before the batches were drawn); the update's mean is over the
+        # tokens drawn, which the ranks just agreed on.
+        torch._foreach_mul_(grads, stored_tokens / total_tokens)
     if t.scaler.enabled:  # fp16: gradients of the scaled sums -> of the update's mean loss
         t.scaler.unscale_(grads, t.env.world_size / total_tokens)
     gnorm = torch.nn.utils.get_total_norm(grads)  # of the true gradients, before clipping
-    t.meter.lr = t.scheduler.step(t.progress.num_updates)
+    t.meter.lr = t.scheduler.step(t.progress.num_updates, clock)
+    t.meter.schedule_position = t.scheduler.position(t.progress.num_updates, clock)
     if t.scaler.enabled:
         scale_before = t.scaler.scale
         overflow = not bool(torch.isfinite(gnorm))  # fp16's one read from the device
@@ -106,11 +112,38 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
         t.meter.check_finite()
 
 
+@dataclass
+class ShareSums:
+    """What this rank's share of an update adds up to."""
+
+    losses: torch.Tensor  # [loss, nll, kl] sums over its target tokens (float64, on the device)
+    tokens: int = 0  # its target tokens (those drawn, with target-side subword sampling)
+
+
+def agree_on_update(
+    t: Trainer, sums: ShareSums | None, stored_tokens: int
+) -> tuple[int, int, float]:
+    """(ranks that ran out of memory, the update's target tokens, the training clock in
+    seconds), the same on every rank. Under DDP all come from the one host all-reduce an
+    update already makes: all ranks skip the update or none, the loss is a mean over the
+    tokens of all ranks, and a time-based schedule sets the same learning rate everywhere
+    (the ranks' clocks, averaged to the microsecond)."""
+    clock = t.training_seconds()
+    tokens = stored_tokens if sums is None else sums.tokens
+    if not t.env.is_distributed:
+        return int(sums is None), tokens, clock
+    ranks, total, micros = distributed.all_reduce_host(
+        [int(sums is None), tokens, round(clock * 1e6)]
+    )
+    return ranks, total, micros / t.env.world_size / 1e6
+
+
 def forward_backward(
     t: Trainer, model: torch.nn.Module, group: list[np.ndarray], share: list, total_tokens: int
-) -> torch.Tensor | None:
-    """Gradients of this rank's share of an update; returns its [loss, nll] sums, or None
-    when a batch ran out of memory (its gradients are then dropped).
+) -> ShareSums | None:
+    """Gradients of this rank's share of an update, its losses divided by `total_tokens`
+    (the update's stored target tokens); returns the share's sums, or None when a batch
+    ran out of memory (its gradients are then dropped).
 
     Under DDP a rank that ran out of memory still takes part in the update's gradient
     all-reduce, with one sentence of weight 0, so that the other ranks are not left
@@ -121,7 +154,7 @@ def forward_backward(
         weight = t.scaler.scale  # fp16: scaled sums, divided by the tokens when unscaled
     else:
         weight = t.env.world_size / total_tokens  # DDP divides the summed gradient by world_size
-    sums = torch.zeros(2, dtype=torch.float64, device=t.device)
+    sums = ShareSums(torch.zeros(3, dtype=torch.float64, device=t.device))
     last = len(share) - 1
     for i, idx in enumerate(share):
         # A short share runs one real sentence with weight 0, to keep DDP in step.
@@ -158,23 +191,32 @@ def micro_batch(
     model: torch.nn.Module,
     rows: np.ndarray,
     weight: float,
-    sums: torch.Tensor | None,
+    sums: ShareSums | None,
     *,
     sync: bool,
 ) -> str | None:
     """Forward and backward of the batch of `rows`, its loss multiplied by `weight`; adds
-    its [loss, nll] to `sums` (unless None). Under DDP, `sync` is the batch whose backward
+    its sums to `sums` (unless None). Under DDP, `sync` is the batch whose backward
     all-reduces the gradients. Returns None, or where memory ran out: "forward" or
-    "backward" (the batch's tensors are freed when this returns)."""
+    "backward" (the batch's tensors are freed when this returns).
+
+    R-Drop (rdrop_alpha > 0) runs the batch twice in one forward pass, the copies under
+    different dropout; its objective counts both, so it is halved: the update's loss stays
+    a mean over the batch's tokens (fairseq divides by twice the tokens)."""
     batch, positions, padded = to_device(t, rows)
+    alpha = t.cfg.rdrop_alpha
+    src, prev = batch.src_tokens, batch.prev_tokens
+    if alpha:
+        src, prev = torch.cat([src, src]), torch.cat([prev, prev])  # [2B,S], [2B,T]
     context = nullcontext() if (t.ddp is None or sync) else t.ddp.no_sync()
     with context:
         try:
             with t.runtime.autocast():
-                features = model(
-                    batch.src_tokens, batch.prev_tokens, features_only=True, src_padded=padded
-                )  # [B,T,D]
-                out = output_layer_loss(
+                features = model(src, prev, features_only=True, src_padded=padded)  # [B or 2B,T,D]
+                loss_fn = (
+                    partial(rdrop_output_layer_loss, alpha=alpha) if alpha else output_layer_loss
+                )
+                out = loss_fn(
                     features,
                     t.model.output_weight,
                     batch.target,
@@ -187,15 +229,19 @@ def micro_batch(
             if not is_out_of_memory(exc):
                 raise
             return "forward"
+        passes = 2 if alpha else 1
         try:
-            (out.loss * weight).backward()
+            (out.minimized * (weight / passes)).backward()
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             return "backward"
     if sums is not None:
-        sums[0] += out.loss.detach()
-        sums[1] += out.nll.detach()
+        sums.losses[0] += out.loss.detach() / passes
+        sums.losses[1] += out.nll.detach() / passes
+        if out.kl is not None:
+            sums.losses[2] += out.kl.detach()
+        sums.tokens += batch.ntokens
     return None
 
 
@@ -204,7 +250,7 @@ def to_device(t: Trainer, rows: np.ndarray) -> tuple[Batch, torch.Tensor, bool]:
     without asking the device: its real target positions [N] (see
     nmt.training.loss.real_positions) and whether any source row is padded."""
     pin = t.device.type == "cuda"  # pinned host memory: the copies run asynchronously
-    batch = collate(rows, t.data.train.pairs(rows), pin_memory=pin)
+    batch = collate(rows, t.data.train_pairs(rows, t.progress.epoch), pin_memory=pin)
     positions = real_positions(batch.target, PAD)  # [N]
     padded = int(batch.src_lengths.min()) < batch.src_tokens.size(1)
     if pin:

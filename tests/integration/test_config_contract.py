@@ -30,5 +30,8 @@ def test_every_preset_composes_and_validates(group):
     assert presets
     for preset in presets:
         override = f"+experiment={preset}" if group == "experiment" else f"{group}={preset}"
-        # a cosine schedule needs its end (configs/optim/adam_cosine.yaml says so)
-        to_dataclass(compose_config("train", [override, "max_update=100000"]), "train")
+        # a cosine schedule needs its end (configs/optim/adam_cosine.yaml says so), a
+        # time-based one its budget (adam_cosine_time.yaml)
+        to_dataclass(
+            compose_config("train", [override, "max_update=100000", "max_time=1.0"]), "train"
+        )

@@ -30,6 +30,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.distributed import DistEnv, env_from_environ
 from nmt.model.transformer import Transformer
 from nmt.training import build_training
+from nmt.training.data import load_train_data
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,6 +38,27 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _events(save_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (save_dir / "train.jsonl").read_text().splitlines()]
+
+
+def two_ranks_and_one(demo_data_dir: Path, tmp_path: Path, common: dict) -> tuple[dict, dict]:
+    """The tiny model (no dropout) trained with `common` by 2 gloo ranks (update_freq=1,
+    in tmp_path/ddp) and by one process (update_freq=2, in tmp_path/single): their last
+    weights, which must be the same updates."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        from pathlib import Path
+        from helpers import NO_DROPOUT, run_training, tiny_config
+        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
+                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
+    """)
+    )
+    failure = torchrun_standalone([str(worker)], tmp_path / "logs", timeout=300)
+    assert failure is None, failure
+    run_training(
+        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
+    )
+    return last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
 
 
 def test_env_from_environ():
@@ -57,26 +79,12 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
         eval_bleu_max_sentences=12,
         eval_bleu_len_b=4,
     )
-    worker = tmp_path / "worker.py"
-    worker.write_text(
-        textwrap.dedent(f"""
-        from pathlib import Path
-        from helpers import NO_DROPOUT, run_training, tiny_config
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
-                                 update_freq=1, model=NO_DROPOUT, **{common!r}))
-    """)
-    )
-    failure = torchrun_standalone([str(worker)], tmp_path / "logs", timeout=300)
-    assert failure is None, failure
-    run_training(
-        tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
-    )
+    ddp, single = two_ranks_and_one(demo_data_dir, tmp_path, common)
     # Bitwise, on any CPU: each rank computes its batch's gradients as the single process
     # does (the same operations on the same shapes), and two ranks' all-reduce adds two
     # numbers (a + b == b + a exactly) as the accumulation does; DDP's division by the world
     # size and nmt's loss weight world_size / tokens are powers of two apart, exact in fp32.
-    single = last_params(tmp_path / "single")
-    assert_bitwise_equal(last_params(tmp_path / "ddp"), single)
+    assert_bitwise_equal(ddp, single)
     valid = [
         [e for e in _events(tmp_path / run) if e["type"] == "valid"][-1]
         for run in ("ddp", "single")
@@ -91,6 +99,25 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
         tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)
     ).model.state_dict()
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
+
+
+def test_target_side_subword_sampling_two_ranks_equal_one_rank(demo_data_dir, tmp_path):
+    """Sampled targets change the update's token count, which no rank knows alone: the
+    ranks agree on it in the update's host all-reduce and rescale their gradients, so that
+    2 ranks still make the updates of 1 rank with update_freq=2 (the same draws: they are
+    a function of seed, epoch and batch, not of the rank)."""
+    common = dict(max_update=6, src_subword_alpha=0.2, tgt_subword_alpha=0.2)
+    ddp, single = two_ranks_and_one(demo_data_dir, tmp_path, common)
+    # bitwise, for the reasons of the test above: the agreed token count is one integer
+    assert_bitwise_equal(ddp, single)
+    # the logged token counts are those drawn, longer than those stored
+    logged = [
+        sum(e["tokens"] for e in _events(tmp_path / run) if e["type"] == "train")
+        for run in ("ddp", "single")
+    ]
+    data = load_train_data(tiny_config(demo_data_dir, tmp_path / "probe", **common))
+    stored = sum(int(data.train.tgt_sizes[rows].sum()) for rows in data.epoch_batches(1)[:12])
+    assert logged[0] == logged[1] > stored
 
 
 def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(

@@ -42,9 +42,15 @@ def test_experiment_composes_the_tuned_anchor_recipe(experiment):
         "share_all_embeddings": True,
     }
     assert asdict(cfg.model) == {**small, **changed}
-    # fairseq's anchor schedule (inverse_sqrt, 1e-3, 1,000 warmup) retuned for the hour
-    assert (cfg.optim.scheduler, cfg.optim.lr, cfg.optim.warmup_updates) == ("cosine", 1.5e-3, 600)
-    assert (cfg.optim.min_lr, cfg.optim.decay_updates) == (1e-5, 2600)
+    # fairseq's anchor schedule (inverse_sqrt, 1e-3, 1,000 warmup) retuned for the hour, as
+    # shares of the hour: 600 warmup updates of the ~2,500 it held, the decay ending with it
+    assert (cfg.optim.scheduler, cfg.optim.lr, cfg.optim.schedule_unit) == (
+        "cosine",
+        1.5e-3,
+        "time",
+    )
+    assert (cfg.optim.warmup_fraction, cfg.optim.decay_fraction) == (0.24, 1.0)
+    assert (cfg.optim.warmup_updates, cfg.optim.decay_updates, cfg.optim.min_lr) == (0, 0, 1e-5)
     assert cfg.optim.betas == [0.9, 0.98]
     assert (cfg.label_smoothing, cfg.max_tokens, cfg.update_freq) == (0.1, 4096, 1)
     assert cfg.max_time == 1.0 and cfg.max_update == 0 and cfg.max_epoch == 0

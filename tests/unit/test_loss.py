@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from rounding import U_BF16, U_FP16, U_FP32, gamma, matmul_error_bound
+from rounding import U_BF16, U_FP16, U_FP32, gamma, less_accurate, matmul_error_bound
 
 from nmt.training.loss import (
     BLOCK_ELEMENTS,
@@ -16,6 +16,7 @@ from nmt.training.loss import (
     output_layer_loss,
     per_token_base2,
     perplexity,
+    rdrop_output_layer_loss,
     real_positions,
 )
 
@@ -465,3 +466,170 @@ def test_blocks_are_sized_for_the_device(monkeypatch):
     assert BLOCK_ELEMENTS < block_elements_for(torch.device("cuda", 0)) < GPU_BLOCK_ELEMENTS
     memory["total"] = 2 * 2**30
     assert block_elements_for(torch.device("cuda", 0)) == BLOCK_ELEMENTS
+
+
+# ------------------------------------------------------------------------------ R-Drop
+
+
+def _two_passes(seed: int = 8, vocab: int = 11, dim: int = 8, dtype=torch.float32):
+    """features [2B,T,D] of two passes (rows i and B + i: the same pair), weight, target [B,T]."""
+    g = torch.Generator().manual_seed(seed)
+    _, target = _batch(seed)
+    features = torch.randn(2 * target.size(0), target.size(1), dim, generator=g, dtype=dtype)
+    weight = torch.randn(vocab, dim, generator=g, dtype=dtype)
+    return features.requires_grad_(True), weight.requires_grad_(True), target
+
+
+def _rdrop_reference(logits, target, eps, alpha):
+    """fairseq's rdrop criterion, unfused: label-smoothed loss of both passes plus alpha x
+    (KL(p2||p1) + KL(p1||p2)) / 2 summed over the non-pad positions; (objective, loss, nll, kl)."""
+    batch = target.size(0)
+    ce = label_smoothed_nll_loss(logits, torch.cat([target, target]), eps, PAD)
+    lprobs = F.log_softmax(logits.double(), dim=-1)
+    p, q = lprobs[:batch], lprobs[batch:]
+    kl = F.kl_div(p, q, log_target=True, reduction="none") + F.kl_div(
+        q, p, log_target=True, reduction="none"
+    )
+    kl = (kl.sum(-1) * (target != PAD)).sum() / 2
+    return ce.loss + alpha * kl, ce.loss, ce.nll, kl
+
+
+def _grads(objective, *tensors):
+    for t in tensors:
+        t.grad = None
+    objective.backward()
+    return [t.grad.clone() for t in tensors]
+
+
+def test_rdrop_with_alpha_0_is_the_plain_loss_of_both_passes_bitwise():
+    features, weight, target = _two_passes()
+    rdrop = rdrop_output_layer_loss(features, weight, target, 0.1, PAD, 0.0)
+    rdrop_grads = _grads(rdrop.minimized, features, weight)
+    plain = output_layer_loss(features, weight, torch.cat([target, target]), 0.1, PAD)
+    plain_grads = _grads(plain.loss, features, weight)
+    assert torch.equal(rdrop.loss, plain.loss) and torch.equal(rdrop.nll, plain.nll)
+    assert rdrop.kl is None and rdrop.minimized is rdrop.loss
+    assert all(torch.equal(a, b) for a, b in zip(rdrop_grads, plain_grads))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("block_elements", [22, 66, 1 << 20])  # 1 row, 3 rows, all rows
+def test_fused_rdrop_equals_the_unfused_criterion(eps, block_elements):
+    """The fused objective, loss, nll, kl and gradients against fairseq's criterion computed
+    from whole logits in float64, within the rounding of fp32 arithmetic: a sum of n fp32
+    terms in any order is within n * U * sum|terms| of the exact sum; the KL gradient's
+    terms are p * (|log p| + |log q| + KL) + p + q, times alpha / 2 (see the docstring of
+    _OutputLayerRDrop), added to the CE's p + eps_i + onehot."""
+    alpha = 5.0
+    features, weight, target = _two_passes()
+    fused = rdrop_output_layer_loss(
+        features, weight, target, eps, PAD, alpha, block_elements=block_elements
+    )
+    fused_grads = _grads(3.0 * fused.minimized, features, weight)
+    f64 = features.detach().double().requires_grad_(True)
+    w64 = weight.detach().double().requires_grad_(True)
+    exact = _rdrop_reference(f64 @ w64.t(), target, eps, alpha)
+    exact_grads = _grads(3.0 * exact[0], f64, w64)
+    with torch.no_grad():  # the magnitudes that bound the rounding
+        keep = torch.cat([target, target]).reshape(-1) != PAD
+        z = (f64 @ w64.t()).reshape(-1, weight.size(0))  # [2BT,V]
+        lp = torch.log_softmax(z, -1)
+        probs = lp.exp()
+        n = z.size(0) // 2
+        swapped = torch.cat([lp[n:], lp[:n]])  # each row's other pass
+        kl_rows = (probs * (lp - swapped)).sum(-1, keepdim=True).abs()
+        onehot = torch.zeros_like(z).scatter_(
+            1, torch.cat([target, target]).reshape(-1, 1).clamp(min=0), 1.0
+        )
+        vocab = z.size(-1)
+        dz_size = (
+            3.0
+            * (
+                probs
+                + eps / (vocab - 1)
+                + onehot
+                + alpha / 2 * (probs * (lp.abs() + swapped.abs() + kl_rows) + probs + swapped.exp())
+            )
+            * keep[:, None]
+        )
+        h = f64.detach().reshape(-1, f64.size(-1))
+        size_f = (dz_size @ w64.detach().abs()).view_as(f64)
+        size_w = dz_size.t() @ h.abs()
+        size_loss = (z.abs().sum(-1) + z.abs().amax(-1))[keep].sum() * (1 + eps + alpha)
+    bound = gamma(weight.size(0) + int(keep.sum()) + weight.size(1) + 8)
+    for got, want in zip((fused.minimized, fused.loss, fused.nll, fused.kl), exact):
+        assert abs(got.item() - want.item()) <= bound * size_loss.item()
+    assert torch.all((fused_grads[0].double() - exact_grads[0]).abs() <= bound * size_f)
+    assert torch.all((fused_grads[1].double() - exact_grads[1]).abs() <= bound * size_w)
+    pads = torch.cat([target, target]) == PAD
+    assert torch.all(fused_grads[0][pads] == 0)  # padding positions get no gradient
+    assert fused.kl.item() > 0.01  # the passes differ: the KL term is really there
+
+
+def test_rdrop_on_a_tiny_model_matches_the_unfused_criterion():
+    """Through a real Transformer with dropout: the doubled batch's two passes get their own
+    dropout masks, and every parameter's gradient of the fused objective equals that of
+    fairseq's criterion on the model's logits (float64 model; the fused blocks compute in
+    fp32, whose relative rounding, ~(V + D) * U = 2e-5 of the logits' gradient, bounds the
+    difference; a wiring mistake is of the order of the gradient itself)."""
+    from dataclasses import replace
+
+    from helpers import TINY_MODEL
+
+    from nmt.model.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(replace(TINY_MODEL, dropout=0.3), 40, 40).double().train()
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    target = torch.randint(4, 40, (3, 5), generator=g)
+    target[1, 3:] = PAD
+    target[:, -1][target[:, -1] != PAD] = 2
+    prev = torch.cat([torch.full((3, 1), 2), target[:, :-1]], dim=1).masked_fill(
+        torch.cat([torch.zeros(3, 1, dtype=torch.bool), target[:, 1:] == PAD], 1), PAD
+    )
+    src2, prev2 = torch.cat([src, src]), torch.cat([prev, prev])
+    params = [p for p in model.parameters()]
+
+    torch.manual_seed(7)
+    features = model(src2, prev2, features_only=True)  # [2B,T,D]
+    fused = rdrop_output_layer_loss(features, model.output_weight, target, 0.1, PAD, 5.0)
+    fused_grads = _grads(fused.minimized, *params)
+    torch.manual_seed(7)  # the same dropout masks
+    reference = _rdrop_reference(model(src2, prev2), target, 0.1, 5.0)
+    reference_grads = _grads(reference[0], *params)
+    assert fused.objective.item() == pytest.approx(reference[0].item(), rel=1e-5)
+    assert fused.kl.item() == pytest.approx(reference[3].item(), rel=1e-4)
+    assert fused.kl.item() > 0.01  # dropout made the passes differ
+    # The rounding enters at the logits and flows on linearly: it is bounded by the size of
+    # the whole gradient, not by that of a parameter whose own gradient nearly cancels.
+    total = torch.stack([b.norm() for b in reference_grads]).norm()
+    for p, a, b in zip(params, fused_grads, reference_grads):
+        assert (a - b).norm() <= 1e-4 * total, p.shape
+    assert (
+        max(
+            (a - b).norm() / b.norm()
+            for a, b in zip(fused_grads, reference_grads)
+            if b.norm() > 1e-3 * total
+        )
+        < 1e-4
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fused_rdrop_under_bf16_autocast_is_as_accurate_as_unfused_autocast(seed):
+    features, weight, target = _two_passes(seed, vocab=300, dim=32)
+    exact = _grads(
+        _rdrop_reference(features.double() @ weight.double().t(), target, 0.1, 5.0)[0],
+        features,
+        weight,
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        unfused_out = _rdrop_reference(F.linear(features, weight), target, 0.1, 5.0)
+        unfused = _grads(unfused_out[0], features, weight)
+        fused_out = rdrop_output_layer_loss(features, weight, target, 0.1, PAD, 5.0)
+        fused = _grads(fused_out.minimized, features, weight)
+    assert fused_out.objective.item() == pytest.approx(unfused_out[0].item(), rel=1e-4)
+    assert features.grad.dtype == weight.grad.dtype == torch.float32
+    for i in (0, 1):  # bf16 rounding of the logits and the projections, no worse than unfused
+        assert not less_accurate(fused[i], unfused[i], exact[i])

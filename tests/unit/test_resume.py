@@ -132,3 +132,28 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
     )
     assert ft.progress.num_updates == 0 and not ft.optimizer.state
     assert_bitwise_equal(ft.model.state_dict(), last_params(tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    "option",
+    [dict(src_subword_alpha=0.2, tgt_subword_alpha=0.2), dict(rdrop_alpha=5.0)],
+    ids=["subword_sampling", "rdrop"],
+)
+def test_resume_with_regularization_is_bitwise_equal_too(demo_data_dir, tmp_path, option):
+    """Subword sampling draws a batch's segmentations from (seed, epoch, its sentences), and
+    R-Drop's second pass draws its dropout from the checkpointed RNG: a run stopped mid-epoch
+    resumes to the bit, across the next epoch's fresh draws too."""
+    probe = build_training(tiny_config(demo_data_dir, tmp_path / "probe", update_freq=2, **option))
+    total = -(-len(probe.data.epoch_batches(1)) // 2) + 3  # into epoch 2
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    run_training(tiny_config(demo_data_dir, straight, update_freq=2, max_update=total, **option))
+    run_training(tiny_config(demo_data_dir, run, update_freq=2, max_update=5, **option))
+    assert load_checkpoint(run / "checkpoint_last.pt")["train_state"]["position"] > 0
+    run_training(tiny_config(demo_data_dir, run, update_freq=2, max_update=total, **option))
+    assert_bitwise_equal(last_params(run), last_params(straight))
+    plain = tmp_path / "plain"
+    run_training(tiny_config(demo_data_dir, plain, update_freq=2, max_update=total))
+    assert not torch.equal(
+        last_params(plain)["encoder.embed_tokens.weight"],
+        last_params(run)["encoder.embed_tokens.weight"],
+    )

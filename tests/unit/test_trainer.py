@@ -71,7 +71,12 @@ def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
     assert bundle.tgt_tokenizer.decode(bundle.tgt_tokenizer.encode("ein Hund")) == "ein Hund"
 
 
-def test_training_lowers_the_loss(demo_data_dir, tmp_path):
+@pytest.mark.parametrize(
+    "option",
+    [{}, dict(src_subword_alpha=0.2, tgt_subword_alpha=0.2), dict(rdrop_alpha=5.0)],
+    ids=["plain", "subword_sampling", "rdrop"],
+)
+def test_training_lowers_the_loss(demo_data_dir, tmp_path, option):
     cfg = tiny_config(
         demo_data_dir,
         tmp_path / "run",
@@ -79,10 +84,15 @@ def test_training_lowers_the_loss(demo_data_dir, tmp_path):
         log_interval=20,
         no_save=True,
         optim=OptimConfig(lr=3e-3, scheduler="fixed", warmup_updates=0),
+        **option,
     )
     run_training(cfg)
     train = [e for e in _events(tmp_path / "run") if e["type"] == "train"]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5
+    if "rdrop_alpha" in option:  # the two passes' KL is logged, and small next to the loss
+        assert all(0 < e["kl"] < e["loss"] for e in train)
+    else:
+        assert "kl" not in train[-1]
 
 
 def test_bf16_follows_the_fp32_loss_curve(demo_data_dir, tmp_path):

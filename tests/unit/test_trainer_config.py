@@ -10,6 +10,7 @@ import pytest
 
 from nmt import runtime
 from nmt.errors import NmtError
+from nmt.model.config import ModelConfig
 from nmt.training import build_training
 from nmt.training.config import PRECISIONS, OptimConfig, TrainConfig
 
@@ -47,6 +48,26 @@ def _message(cfg) -> str:
             {"optim": OptimConfig(scheduler="cosine", warmup_updates=10), "max_update": 5},
             "optim.decay_updates=0: the cosine decay then ends at max_update=5, not after "
             "optim.warmup_updates=10; set optim.decay_updates or max_update",
+        ),
+        ({"src_subword_alpha": 1.5}, "src_subword_alpha=1.5: must be in [0, 1]; use e.g. 0.1"),
+        ({"tgt_subword_alpha": -0.1}, "tgt_subword_alpha=-0.1: must be in [0, 1]"),
+        ({"subword_nbest_size": 1}, "subword_nbest_size=1: must be -1 or 2 or more; use -1"),
+        (
+            {"subword_nbest_size": 64},
+            "subword_nbest_size=64: used only by subword sampling, which is off; set "
+            "src_subword_alpha",
+        ),
+        ({"rdrop_alpha": -1.0}, "rdrop_alpha=-1.0: must be 0 or more"),
+        (
+            {"rdrop_alpha": 5.0, "model": ModelConfig(dropout=0.0)},
+            "rdrop_alpha=5.0: R-Drop compares two passes that differ only by dropout, but "
+            "model.dropout, model.attention_dropout and model.activation_dropout are 0; set "
+            "model.dropout",
+        ),
+        (
+            {"optim": OptimConfig(schedule_unit="time", warmup_updates=0, warmup_fraction=0.1)},
+            "optim.schedule_unit=time: the schedule runs over the time budget, but max_time=0 "
+            "sets none; set max_time (hours)",
         ),
         (
             {"optim": OptimConfig(scheduler="cosine", warmup_updates=10, decay_updates=10)},
