@@ -11,6 +11,7 @@ that preprocess themselves.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO / "data" / "demo"
+
+# A suite started in the background by a non-interactive shell (`pytest &`, nohup) inherits
+# SIGINT ignored, and so would every process it starts (an ignored signal stays ignored
+# across exec): the Ctrl-C tests would see nothing happen. A handler of our own is reset
+# to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def preprocess_config_with(overrides: list[str]):

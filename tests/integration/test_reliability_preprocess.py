@@ -59,19 +59,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def long_corpus(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`corpus` ten times over (and its spm.model): its encoding lasts ten times longer, so
-    that a signal sent once encoding has begun arrives while it still runs however slowly
-    the test process is scheduled (with `corpus`, a loaded machine let the run finish
-    first)."""
-    root = tmp_path_factory.mktemp("long")
-    for name in ("train.en", "train.de"):
-        (root / name).write_text((corpus / name).read_text(encoding="utf-8") * 10, "utf-8")
-    (root / "spm.model").write_bytes((corpus / "spm.model").read_bytes())
-    return root
-
-
 def _args(corpus: Path, dest: Path, *extra: str) -> list[str]:
     return [
         f"data.trainpref={corpus / 'train'}",
@@ -190,11 +177,10 @@ def test_kill_9_of_the_main_process_leaves_no_child_and_the_next_run_cleans_up(
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_stop_the_workers_and_leave_nothing(
-    long_corpus: Path, tmp_path: Path, signum: int, code: int
+    corpus: Path, tmp_path: Path, signum: int, code: int
 ) -> None:
     dest = tmp_path / "data"
-    model = long_corpus / "spm.model"
-    proc = start(_args(long_corpus, dest, "workers=2", f"spm.model={model}"))
+    proc = start(_args(corpus, dest, "workers=2", f"spm.model={corpus / 'spm.model'}"))
     try:
         wait_until(proc, encoding(proc, tmp_path), timeout=240)
         proc.send_signal(signum)
