@@ -21,6 +21,8 @@ Shape legend as in layers.py: B batch, T queries, K keys, D embed_dim, H heads, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -129,6 +131,27 @@ class FusedProjectionAttention(MultiheadAttention):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float, kernels: Kernels):
         super().__init__(embed_dim, num_heads, dropout, kernels)
         self._joint_cache: dict[str, tuple[tuple, Tensor, Tensor]] = {}
+        # int8 inference (nmt.model.quantize): the stacked projections as int8 layers
+        self._quantized: dict[str, Callable[[Tensor], Tensor]] = {}
+
+    def quantize_fused_projections(
+        self, make: Callable[[Tensor, Tensor], Callable[[Tensor], Tensor]]
+    ) -> None:
+        """Compute the stacked projections with `make(weight, bias)` from now on (for
+        inference; nmt.model.quantize.quantize_int8 passes Int8Linear.from_float)."""
+        projs = {"qkv": (self.q_proj, self.k_proj, self.v_proj), "kv": (self.k_proj, self.v_proj)}
+        with torch.no_grad():
+            for name, layers in projs.items():
+                weight = torch.cat([p.weight for p in layers])  # [n*D,D]
+                bias = torch.cat([p.bias for p in layers])  # [n*D]
+                self._quantized[name] = make(weight, bias)
+
+    def _project(self, name: str, projs: tuple[nn.Linear, ...], x: Tensor) -> Tensor:
+        """x [B,L,D] through the projections `projs` stacked: [B,L,n*D]."""
+        quantized = self._quantized.get(name)
+        if quantized is not None:
+            return quantized(x)
+        return F.linear(x, *self._joint(name, projs))
 
     def _joint(self, name: str, projs: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
         """The projections stacked into one: (weight [n*D,D], bias [n*D])."""
@@ -152,11 +175,11 @@ class FusedProjectionAttention(MultiheadAttention):
         return super().train(mode)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        kv = F.linear(x, *self._joint("kv", (self.k_proj, self.v_proj)))  # [B,K,2D]
+        kv = self._project("kv", (self.k_proj, self.v_proj), x)  # [B,K,2D]
         k, v = kv.chunk(2, dim=-1)
         return self.split_heads(k), self.split_heads(v)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        qkv = F.linear(x, *self._joint("qkv", (self.q_proj, self.k_proj, self.v_proj)))  # [B,T,3D]
+        qkv = self._project("qkv", (self.q_proj, self.k_proj, self.v_proj), x)  # [B,T,3D]
         q, k, v = qkv.chunk(3, dim=-1)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
