@@ -77,27 +77,17 @@ class TextEncoder:
         return np.concatenate([ids[: self.max_positions - 1], ids[-1:]])
 
 
-def length_batches(
-    lengths: np.ndarray, max_tokens: int, max_sentences: int, *, unpadded: bool = False
-) -> list[np.ndarray]:
+def length_batches(lengths: np.ndarray, max_tokens: int, max_sentences: int) -> list[np.ndarray]:
     """Indices of the non-empty entries (lengths [n] > 0), longest first (ties in input
     order), packed into batches of at most max_sentences and max_tokens padded tokens
     (sentences x longest; 0 = no token limit). A batch's translations never depend on
-    its composition, so the packing only decides speed. `unpadded`: only entries of one
-    length share a batch (int8: see nmt.generation.translator)."""
+    its composition, so the packing only decides speed."""
     todo = np.flatnonzero(lengths)
     if not len(todo):
         return []
     order = todo[np.argsort(-lengths[todo], kind="stable")]
     budget = max_tokens if max_tokens > 0 else np.iinfo(np.int64).max
-    if not unpadded:
-        return pack(order, lengths, max_tokens=budget, max_sentences=max_sentences)
-    cuts = np.flatnonzero(np.diff(lengths[order])) + 1  # where the length changes
-    return [
-        batch
-        for same in np.split(order, cuts)
-        for batch in pack(same, lengths, max_tokens=budget, max_sentences=max_sentences)
-    ]
+    return pack(order, lengths, max_tokens=budget, max_sentences=max_sentences)
 
 
 def pad_batch(rows: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:

@@ -83,12 +83,14 @@ class _Member:
     def step(self, tokens: Tensor, attn_layer: int | None) -> tuple[Tensor, Tensor | None]:
         """tokens [R,1+t] decoder input so far -> (logits [R,V] (V' with a shortlist),
         attn [R,S] | None)."""
+        # (the output layer is passed only with a shortlist: any decode() works without)
+        extra = {} if self.output is None else {"output": self.output}
         if self.cache is not None:
             logits, attn = self.model.decode(
-                tokens[:, -1:], self.enc, self.cache, attn_layer, self.output
+                tokens[:, -1:], self.enc, self.cache, attn_layer, **extra
             )
         else:  # the uncached baseline: the whole prefix again
-            logits, attn = self.model.decode(tokens, self.enc, None, attn_layer, self.output)
+            logits, attn = self.model.decode(tokens, self.enc, None, attn_layer, **extra)
         return logits[:, -1], None if attn is None else attn[:, -1]
 
     def reorder(self, order: Tensor, kept: Tensor | None) -> None:

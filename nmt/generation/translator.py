@@ -397,15 +397,8 @@ class Translator:
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         out: list[list[Hypothesis]] = [[] for _ in rows]
         attn_layer = self.alignment_layer if alignment else None
-        # int8 rounds each activation to 1 of 255 levels, so a 1e-7 difference can move a
-        # value by a whole level: padding (attention over more keys, other GEMM shapes)
-        # changes fp32 results by that much, so int8 batches hold one source length only
-        # and a translation stays bit for bit what it is alone.
-        unpadded = self.runtime.precision == "int8"
         with self._lock, self.runtime.autocast():
-            for batch in length_batches(
-                lengths, self.max_tokens, self.max_sentences, unpadded=unpadded
-            ):
+            for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
                 src = pad_batch([rows[i] for i in batch], self.device)  # [B,S]
                 prefix = None if forced is None else self._prefix_tensor(forced, batch)
                 hyps = self.generator.generate(src, prefix, nbest=nbest, attn_layer=attn_layer)
