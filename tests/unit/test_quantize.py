@@ -5,17 +5,18 @@ projections equal the separate ones, and the options that cannot work are one-li
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
 from nmt.errors import NmtError
-from nmt.model.config import ModelConfig
 from nmt.model.layers import Kernels
 from nmt.model.quantize import REDUCE_RANGE, WEIGHT_LEVELS, Int8Linear, linear_rows, quantize_int8
 from nmt.model.transformer import Transformer
 from nmt.runtime import check_precision, int8_engine
+from tests.helpers import NO_DROPOUT
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -80,15 +81,7 @@ def test_rows_of_an_int8_layer_compute_those_outputs():
 
 def _model(kernels: Kernels | None = None, **overrides) -> Transformer:
     torch.manual_seed(3)
-    cfg = ModelConfig(
-        embed_dim=32,
-        ffn_dim=64,
-        attention_heads=4,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-        **overrides,
-    )
+    cfg = replace(NO_DROPOUT, encoder_layers=2, decoder_layers=2, **overrides)
     return Transformer(cfg, 40, 50, kernels=kernels).eval()
 
 
