@@ -12,6 +12,16 @@ fp32's; per nmt engine, its speed over its CTranslate2 counterpart's with a 95% 
 interval over the turns (> 1: nmt is faster). Tokenization, loading and a warm-up batch
 are outside the timing; OpenMP threads wait passively (common.main's `passive`).
 
+With `--device cuda` (a CUDA build of torch and of ctranslate2) nmt in `--precision`
+(fp32, bf16 or fp16) runs against CTranslate2 float32 and float16, each clock read after
+torch.cuda.synchronize, e.g. issue 20's comparison:
+
+    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
+        --device cuda --precision fp16 --beams 4 --threads 1 --max-sentences 128
+
+On the CPU `--precision` is the precision of nmt's float engine (fp32 or bf16), which
+the int8 engines join; the translations of every engine are compared with that one's.
+
     .venv/bin/python -m benchmarks.ctranslate2 --checkpoint runs/m30k/checkpoint_avg_last5.pt \\
         --input ../shared/data/multi30k/test_2016_flickr.en \\
         --ref ../shared/data/multi30k/test_2016_flickr.de \\
@@ -51,16 +61,38 @@ NAME = "ctranslate2"
 # name -> (engine, nmt precision or CTranslate2 compute type, shortlist / vmap)
 ENGINES = {
     "nmt fp32": ("nmt", "fp32", False),
+    "nmt bf16": ("nmt", "bf16", False),
+    "nmt fp16": ("nmt", "fp16", False),
     "nmt int8": ("nmt", "int8", False),
     "nmt int8+shortlist": ("nmt", "int8", True),
     "ctranslate2 float32": ("ctranslate2", "float32", False),
+    "ctranslate2 float16": ("ctranslate2", "float16", False),
     "ctranslate2 int8": ("ctranslate2", "int8", False),
     "ctranslate2 int8+vmap": ("ctranslate2", "int8", True),
 }
-PEERS = {  # each nmt engine against its CTranslate2 counterpart
-    "nmt fp32": "ctranslate2 float32",
-    "nmt int8": "ctranslate2 int8",
-    "nmt int8+shortlist": "ctranslate2 int8+vmap",
+# the engines run when --engines is not given; "nmt {precision}" is nmt's float engine
+DEFAULT_ENGINES = {
+    "cpu": (
+        "nmt {precision}",
+        "nmt int8",
+        "nmt int8+shortlist",
+        "ctranslate2 float32",
+        "ctranslate2 int8",
+        "ctranslate2 int8+vmap",
+    ),
+    "cuda": ("nmt {precision}", "ctranslate2 float32", "ctranslate2 float16"),
+}
+ONLY_ON = {  # precisions and compute types that run on one device only
+    "int8": "cpu",  # nmt's int8 is fbgemm's (x86 CPUs)
+    "fp16": "cuda",
+    "float16": "cuda",
+}
+PEERS = {  # each nmt engine against its CTranslate2 counterpart: the first one run
+    "nmt fp32": ("ctranslate2 float32",),
+    "nmt bf16": ("ctranslate2 float16", "ctranslate2 float32"),
+    "nmt fp16": ("ctranslate2 float16",),
+    "nmt int8": ("ctranslate2 int8",),
+    "nmt int8+shortlist": ("ctranslate2 int8+vmap",),
 }
 
 Output = tuple[list[str], int]  # translations in input order, target tokens (</s> counted)
@@ -191,11 +223,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--turns", type=common.positive_int, default=3, help="timed runs of every engine"
     )
     ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where all engines run (cuda: nmt against CTranslate2 float32 and float16)",
+    )
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="nmt's float engine (fp16 needs --device cuda)",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="also print where each nmt engine's time goes (first beam and thread count)",
     )
     return ap
+
+
+def engine_names(args: argparse.Namespace) -> list[str]:
+    """The engines to run: --engines or the device's defaults, each checked against it."""
+    if args.precision == "fp16" and args.device != "cuda":
+        raise common.BenchError("--precision fp16: needs --device cuda; use fp32 or bf16")
+    defaults = [n.format(precision=args.precision) for n in DEFAULT_ENGINES[args.device]]
+    names = list(args.engines or defaults)
+    for name in names:
+        device = ONLY_ON.get(ENGINES[name][1], args.device)
+        if device != args.device:
+            raise common.BenchError(
+                f"--engines {name!r}: runs on --device {device} only; leave it out"
+            )
+    names = [n for n in names if args.shortlist is not None or not ENGINES[n][2]]
+    if not names:
+        raise common.BenchError("--engines: the shortlist engines need --shortlist FILE")
+    return names
 
 
 def _batches(args: argparse.Namespace, checkpoint: str) -> tuple[Any, list[list[Source]]]:
@@ -225,10 +287,10 @@ def nmt_engine(
     def search(beam: int) -> SearchConfig:
         return SearchConfig(beam=beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
 
-    base = Translator.load(
+    base = Translator.load(  # exact fp32 (no TF32) on a GPU, as nmt-generate
         checkpoint,
         search(args.beams[0]),
-        device="cpu",
+        device=args.device,
         precision=precision,
         max_sentences=args.max_sentences,
         shortlist=shortlist,
@@ -264,7 +326,7 @@ def ct2_engine(
     translators = {
         t: ctranslate2.Translator(
             str(model_dir),
-            device="cpu",
+            device=args.device,
             compute_type=compute_type,
             intra_threads=t,
             inter_threads=1,
@@ -276,14 +338,19 @@ def ct2_engine(
     def run(beam: int, threads: int) -> Output:
         texts, tokens = [""] * total, 0
         for batch in batches:
-            results = translators[threads].translate_batch(
-                [pieces[s.index] for s in batch],
-                beam_size=beam,
-                length_penalty=args.lenpen,
-                max_decoding_length=args.max_len_b,
-                max_batch_size=0,
-                use_vmap=vmap,
-            )
+            try:
+                results = translators[threads].translate_batch(
+                    [pieces[s.index] for s in batch],
+                    beam_size=beam,
+                    length_penalty=args.lenpen,
+                    max_decoding_length=args.max_len_b,
+                    max_batch_size=0,
+                    use_vmap=vmap,
+                )
+            except RuntimeError as exc:  # 4.x opens libcublas.so.12: a CUDA 13 system lacks it
+                if "not found or cannot be loaded" not in str(exc):
+                    raise
+                raise common.BenchError(f"--device {args.device}: ctranslate2: {exc}") from None
             for s, r in zip(batch, results):
                 texts[s.index] = decode(r.hypotheses[0])
                 tokens += len(r.hypotheses[0]) + 1  # + </s>, which CTranslate2 does not return
@@ -300,11 +367,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.checkpoint and not Path(args.checkpoint).is_file():
         raise common.BenchError(f"--checkpoint {args.checkpoint}: no such file")
     ct2 = require_ctranslate2()
-    names = [
-        n for n in (args.engines or ENGINES) if args.shortlist is not None or not ENGINES[n][2]
-    ]
-    if not names:
-        raise common.BenchError("--engines: the shortlist engines need --shortlist FILE")
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise common.BenchError("--device cuda: torch sees no CUDA device; use --device cpu")
+    if cuda and ct2.get_cuda_device_count() == 0:
+        raise common.BenchError(
+            f"--device cuda: this ctranslate2 ({ct2.__version__}) sees no CUDA device"
+        )
+    names = engine_names(args)
+    device = torch.cuda.get_device_name(0) if cuda else common.cpu_model()
+    sync = torch.cuda.synchronize if cuda else None
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or str(
             random_checkpoint(args.preset, args.spm, Path(tmp) / "random.pt")
@@ -318,11 +390,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise common.BenchError(f"--ref {args.ref}: {len(refs)} lines for {n} inputs")
             refs = refs[:n]
         engines = _engines(names, args, checkpoint, bundle, batches, Path(tmp))
-        _describe(args, checkpoint, bundle, batches, names, ct2.__version__)
+        where = device if cuda else f"CPU: {device}"
+        _describe(args, checkpoint, bundle, batches, names, f"{ct2.__version__}, {where}")
         settings = []
         for beam in args.beams:
             for threads in args.threads:
-                settings.append(_setting(beam, threads, names, engines, args.turns, refs))
+                settings.append(_setting(beam, threads, names, engines, args.turns, refs, sync))
         if args.profile:
             _profile(args, names, engines)
     figures: dict[str, Any] = {
@@ -331,6 +404,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batches": len(batches),
         "lenpen": args.lenpen,
         "max_len_b": args.max_len_b,
+        "device": device,
+        "precision": args.precision,
         "turns": args.turns,
         "shortlist": None if args.shortlist is None else str(args.shortlist),
         "ctranslate2": ct2.__version__,
@@ -362,9 +437,12 @@ def _engines(
             shortlist = args.shortlist if reduced else None
             engines[name] = nmt_engine(checkpoint, precision, shortlist, args, batches)
             continue
-        quantization = "none" if precision == "float32" else precision
+        # float16 is a compute type of the float32 export (GPU); int8 an export of its own
+        quantization = "int8" if precision == "int8" else "none"
         out = tmp / f"{quantization}{'-vmap' if reduced else ''}"
-        export_ctranslate2(checkpoint, out, quantization, vmap=args.shortlist if reduced else None)
+        if not out.exists():
+            vmap = args.shortlist if reduced else None
+            export_ctranslate2(checkpoint, out, quantization, vmap=vmap)
         engines[name] = ct2_engine(out, precision, reduced, args, batches, pieces, tgt.decode)
     return engines
 
@@ -396,8 +474,10 @@ def _setting(
     engines: dict[str, Run],
     turns: int,
     refs: list[str] | None,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Every engine at one beam and thread count, interleaved; figures and a table."""
+    """Every engine at one beam and thread count, interleaved; figures and a table.
+    `sync`: see common.timed (torch.cuda.synchronize on a GPU)."""
     results = {name: Result() for name in names}
 
     def contestant(name: str) -> Callable[[int], None]:
@@ -408,12 +488,20 @@ def _setting(
 
     for name in names:  # warm-up: weights paged in, buffers allocated, threads started
         engines[name](beam, threads)
-    timings = common.interleave([contestant(n) for n in names], turns)
+    timings = common.interleave([contestant(n) for n in names], turns, sync=sync)
     for name, t in zip(names, timings):
         results[name].timings = t
     sentences = len(results[names[0]].texts)
-    reference = results.get("nmt fp32")
-    figures: dict[str, Any] = {"beam": beam, "threads": threads, "engines": {}, "ratios": {}}
+    # every engine's translations against nmt's float engine (the first nmt one not int8)
+    ref_name = next((n for n in names if ENGINES[n][0] == "nmt" and ENGINES[n][1] != "int8"), None)
+    reference = None if ref_name is None else results[ref_name]
+    figures: dict[str, Any] = {
+        "beam": beam,
+        "threads": threads,
+        "reference": ref_name,
+        "engines": {},
+        "ratios": {},
+    }
     rows = []
     for name in names:
         r = results[name]
@@ -433,11 +521,11 @@ def _setting(
             "wall": wall,
             "cpu": cpu,
             "bleu": bleu,
-            "same_as_nmt_fp32": same,
+            "same_as_reference": same,
         }
         ratio = ""
-        peer = PEERS.get(name)
-        if peer in results:
+        peer = next((p for p in PEERS.get(name, ()) if p in results), None)
+        if peer is not None:
             paired = common.paired_ratios(results[peer].timings, r.timings)
             figures["ratios"][name] = {"peer": peer, **paired}
             ratio = f"{paired['wall'].ratio:.2f}x / {paired['cpu'].ratio:.2f}x"
@@ -459,7 +547,7 @@ def _setting(
         "sentences/CPU-s",
         "tokens/s",
         "BLEU",
-        "same as nmt fp32",
+        f"same as {ref_name or '-'}",
         "nmt / CTranslate2 counterpart (wall / CPU)",
     ]
     print(common.markdown_table(header, rows), flush=True)

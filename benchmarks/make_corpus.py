@@ -13,8 +13,8 @@ bitext). About one pair in a thousand has an empty side and a few are over-long 
 unbalanced, so nmt-preprocess's cleaning rules have work to do.
 
 The corpus is a pure function of (seed, languages, line index): it is written in blocks of
-100,000 pairs, each from a random stream seeded by (seed, block), so the first N pairs of a
-larger corpus equal the corpus of N pairs. Everything is vectorized in numpy: 10M pairs
+100,000 pairs, each from random streams seeded by (seed, block), each stream drawn in pair
+order, so the first N pairs of a larger corpus equal the corpus of N pairs. Everything is vectorized in numpy: 10M pairs
 take a few minutes on one core.
 """
 
@@ -27,12 +27,14 @@ import lzma
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
 from benchmarks import common
+from nmt.fsutil import atomic_write, remove_stale_temps
 
 NAME = "make_corpus"
 
@@ -155,19 +157,22 @@ class CorpusMaker:
         return np.minimum(np.searchsorted(self.cdf, rng.random(n)), WORDS - 1)
 
     def block(self, index: int, pairs: int) -> tuple[bytes, bytes]:
-        """Pairs [index * BLOCK, index * BLOCK + pairs) as (source bytes, target bytes)."""
-        rng = np.random.default_rng([self.seed, index])
+        """Pairs [index * BLOCK, index * BLOCK + pairs) as (source bytes, target bytes).
+
+        Each quantity has a random stream of its own, drawn in pair order, so the pairs of
+        a shorter block are the first pairs of a longer one."""
+        streams = [np.random.default_rng([self.seed, index, k]) for k in range(6)]
         sigma = 0.55
         mu = np.log(MEAN_WORDS) - sigma**2 / 2
-        src_len = np.clip(np.rint(rng.lognormal(mu, sigma, pairs)), 1, 200).astype(np.int64)
-        ratio = rng.lognormal(0.0, 0.12, pairs)
-        odd = rng.random(pairs)
+        src_len = np.clip(np.rint(streams[0].lognormal(mu, sigma, pairs)), 1, 200).astype(np.int64)
+        ratio = streams[1].lognormal(0.0, 0.12, pairs)
+        odd = streams[2].random(pairs)
         ratio[odd < 0.002] *= 4.0  # a few badly unbalanced pairs
         tgt_len = np.clip(np.rint(src_len * ratio), 1, 250).astype(np.int64)
         empty = odd > 0.999  # an empty target line (0 words) now and then
         tgt_len[empty] = 0
 
-        src_words = self._words(rng, int(src_len.sum()))
+        src_words = self._words(streams[3], int(src_len.sum()))
         # target token j of a sentence translates source token floor(j * Ls / Lt), or is
         # another word (20%): lengths and content correlate as in real bitext
         t_total = int(tgt_len.sum())
@@ -179,8 +184,8 @@ class CorpusMaker:
             tgt_len[t_sentence], 1
         )
         tgt_words = self.translation[src_words[aligned]]
-        other = rng.random(t_total) < 0.2
-        tgt_words[other] = self._words(rng, int(other.sum()))
+        other = streams[4].random(t_total) < 0.2
+        tgt_words[other] = self._words(streams[5], int(other.sum()))
 
         src_bytes = self.src.render(_variants(src_words, src_len))
         tgt_bytes = self.tgt.render(_variants(tgt_words, tgt_len))
@@ -211,11 +216,12 @@ def _insert_empty_lines(text: bytes, lengths: np.ndarray) -> bytes:
     return b"\n".join(out) + b"\n"
 
 
-OPENERS: dict[str, Callable[[Path], IO[bytes]]] = {
-    "none": lambda p: open(p, "wb"),
-    "gz": lambda p: gzip.open(p, "wb", compresslevel=1),
-    "xz": lambda p: lzma.open(p, "wb", preset=0),
-    "bz2": lambda p: bz2.open(p, "wb", compresslevel=1),
+# the compressing writer over an open binary file (fast settings: a test corpus)
+OPENERS: dict[str, Callable[[IO[bytes]], AbstractContextManager[IO[bytes]]]] = {
+    "none": lambda f: nullcontext(f),  # (closing it is atomic_write's)
+    "gz": lambda f: gzip.GzipFile(fileobj=f, mode="wb", compresslevel=1, mtime=0),
+    "xz": lambda f: lzma.LZMAFile(f, "wb", preset=0),
+    "bz2": lambda f: bz2.BZ2File(f, "wb", compresslevel=1),
 }
 
 
@@ -229,15 +235,24 @@ def write_corpus(
     compress: str = "none",
     progress: Callable[[int], object] | None = None,
 ) -> tuple[Path, Path]:
-    """Write `<out>.<src>` and `<out>.<tgt>` (with .gz/.xz/.bz2 added when compressed)."""
+    """Write `<out>.<src>` and `<out>.<tgt>` (with .gz/.xz/.bz2 added when compressed),
+    each through nmt.fsutil.atomic_write: a file appears only complete, and what a killed
+    run left is removed by the next one."""
     if pairs < 0:
         raise ValueError(f"pairs={pairs}: must not be negative")
     suffix = "" if compress == "none" else f".{compress}"
     paths = (Path(f"{out}.{src}{suffix}"), Path(f"{out}.{tgt}{suffix}"))
     paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        remove_stale_temps(path)
     maker = CorpusMaker(seed, src, tgt)
     opener = OPENERS[compress]
-    with opener(paths[0]) as fs, opener(paths[1]) as ft:
+    with (
+        atomic_write(paths[0], "wb") as raw_s,
+        atomic_write(paths[1], "wb") as raw_t,
+        opener(raw_s) as fs,
+        opener(raw_t) as ft,
+    ):
         for index, start in enumerate(range(0, pairs, BLOCK)):
             n = min(BLOCK, pairs - start)
             s, t = maker.block(index, n)

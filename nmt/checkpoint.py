@@ -7,11 +7,13 @@ code. The tokenizer(s) travel inside, so generation needs nothing but the file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -72,7 +74,15 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
     try:
         with atomic_write(path, "wb") as f:
             opened = True
-            torch.save(obj, f)
+            writer = _WriteErrors(f)
+            try:
+                torch.save(obj, cast(IO[bytes], writer))
+            except RuntimeError:
+                # torch's zip writer swallows the file's OSError and reports only a size
+                # mismatch ("enforce fail at inline_container.cc"): raise the real cause
+                if writer.error is not None:
+                    raise writer.error from None
+                raise
     except OSError as exc:
         if not opened:  # the temporary file could not even be created
             raise NmtError(
@@ -80,22 +90,55 @@ def save_checkpoint(obj: dict[str, Any], path: str | os.PathLike) -> None:
                 "writable save_dir"
             ) from exc
         raise NmtError(
-            f"{path}: could not write checkpoint ({exc.strerror or exc}); "
-            "the previous checkpoint is intact"
+            f"{path}: could not write checkpoint ({exc.strerror or exc}); the previous "
+            f"checkpoint is intact: {write_failure_hint(exc)}"
         ) from exc
+
+
+def write_failure_hint(exc: OSError) -> str:
+    """What to do after writing a checkpoint failed with `exc` (the end of a message)."""
+    fix = {
+        errno.ENOSPC: "free space on its device",
+        errno.EDQUOT: "free space within your disk quota",
+        errno.EFBIG: "raise the file size limit (ulimit -f) or write elsewhere",
+    }.get(exc.errno or 0, "fix that")
+    return f"{fix} and run the command again"
+
+
+class _WriteErrors:
+    """A binary file's write(), remembering the OSError it raised (see save_checkpoint)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
     """Read a checkpoint safely; every failure is an NmtError naming the file."""
     path = Path(path)
+    if path.is_dir():
+        raise NmtError(
+            f"{path}: a directory, not a checkpoint; name a file in it (e.g. "
+            f"{path / 'checkpoint_best.pt'})"
+        )
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NmtError(
-            f"{path}: not a readable nmt checkpoint (truncated or corrupted?): {first[:200]}"
+            f"{path}: not a readable nmt checkpoint: {_unreadable(path, exc)}; use a "
+            "checkpoint nmt-train wrote (e.g. a numbered checkpoint_<epoch>_<update>.pt)"
         ) from exc
     if not isinstance(obj, dict) or "model" not in obj or "model_config" not in obj:
         raise NmtError(f"{path}: not an nmt checkpoint (no model or model_config inside)")
@@ -112,6 +155,81 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             "checkpoint (e.g. a numbered checkpoint_<epoch>_<update>.pt)"
         )
     return obj
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a zip archive
+_PICKLE_MAGIC = b"\x80"  # torch's legacy format: a pickle (protocol 2 or later)
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    """Why torch.load could not read `path`, in words that fit one line: torch's own
+    messages run over several sentences, and a text file gives a bare KeyError."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "the file is empty (truncated or corrupted)"
+    if not head.startswith((_ZIP_MAGIC, _PICKLE_MAGIC)):
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            if bad.start < len(head) - 4:  # not just a character cut at the 512th byte
+                return "not a torch file (unknown format)"
+        return "a text file, not a torch file"
+    text = " ".join(str(exc).split())
+    refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if refused:  # weights_only: the pickle names code to run
+        return (
+            f"it holds an object of type {refused.group(1)}, which checkpoints never "
+            "contain and nmt does not load (it could run code)"
+        )
+    first = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0].rstrip(".") if text else ""
+    return f"truncated or corrupted ({first or type(exc).__name__})"
+
+
+def _describe_existing(path: Path) -> tuple[str, dict[str, Any] | None]:
+    """What the file at `path` is, and its `config` entry when it is an nmt checkpoint; the
+    tensors stay on disk (memory-mapped), so this costs little for any size."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return "not an nmt checkpoint", None
+    if not isinstance(obj, dict) or "model" not in obj or "model_config" not in obj:
+        return "not an nmt checkpoint", None
+    config = obj["config"] if isinstance(obj.get("config"), dict) else {}
+    if "train_state" in obj:
+        return "a training checkpoint (it holds train_state)", config
+    if "averaged_from" in config:
+        return "a checkpoint written by nmt-average", config
+    if "imported_from" in config:
+        return "a checkpoint written by nmt-import-fairseq", config
+    return "an nmt checkpoint", config
+
+
+def check_checkpoint_output(
+    path: str | os.PathLike, key: str, command: str, mark: str, overwrite: bool
+) -> None:
+    """NmtError unless `command` may write a checkpoint at `path` (given by option `key`).
+
+    Allowed: nothing there, or (with `overwrite`) a checkpoint that `command` wrote before,
+    recognized by `mark` in its `config` entry (nmt-average: averaged_from; nmt-import-fairseq:
+    imported_from). Never replaced: a directory, a training checkpoint, any other file.
+    """
+    path = Path(path)
+    given = f"{key}={path}"
+    if path.is_dir():
+        raise NmtError(f"{given}: is a directory; give a file name for the checkpoint")
+    if not path.exists():
+        return
+    what, config = _describe_existing(path)
+    if config is None or mark not in config:
+        raise NmtError(
+            f"{given}: exists and is {what}, not one {command} wrote; choose another {key} "
+            f"({command} replaces only its own earlier output)"
+        )
+    if not overwrite:
+        raise NmtError(
+            f"{given}: already exists; choose another path or set overwrite=true to replace it"
+        )
 
 
 def tokenizer_to_tensor(model_bytes: bytes) -> torch.Tensor:

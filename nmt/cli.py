@@ -16,13 +16,18 @@ Usage, as Hydra users expect:
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nmt.errors import NmtError
+from nmt.processes import Terminated
 
 USAGE = """usage: nmt-{name} [--config-dir DIR] [--config-name NAME] [--cfg] [KEY=VALUE ...]
 
@@ -109,6 +114,83 @@ def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, lis
     return user_dir, config_name, print_cfg, show_help, overrides
 
 
+def check_override_syntax(overrides: list[str]) -> None:
+    """NmtError naming the first override Hydra's grammar cannot read, and how to quote it.
+
+    Hydra reads unquoted values made of ASCII letters, digits, spaces and / - \\ + . $ % *
+    @ ? | : only; anything else (é, 日, #, &, ~, <, !) needs quotes around the value, inside
+    the shell's quotes: "data.dest='données'".
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except Exception as exc:
+            raise NmtError(_syntax_message(override, str(exc))) from exc
+
+
+def _syntax_message(override: str, error: str) -> str:
+    key, sep, value = override.partition("=")
+    bad = re.search(r"token recognition error at: '(.)", error)
+    if not sep or (bad and bad.group(1) in key):
+        what = f"the character {bad.group(1)!r}" if bad else "it"
+        return f"{override}: not a KEY=VALUE override ({what} cannot be in a key); check it"
+    what = f"the character {bad.group(1)!r}" if bad else "this value"
+    if value.startswith("[") and value.endswith("]"):
+        items = [_quoted(v) for v in value[1:-1].split(",")]
+        suggestion = f"{key}=[{','.join(items)}]"
+    else:
+        suggestion = f"{key}={_quoted(value)}"
+    outer = "'" if '"' in suggestion else '"'  # the shell's quotes around Hydra's
+    return (
+        f"{override}: Hydra cannot read {what} unquoted; quote the value for Hydra and the "
+        f"whole for the shell: {outer}{suggestion}{outer}"
+    )
+
+
+def _quoted(value: str) -> str:
+    if value[:1] in "'\"" and value[:1] == value[-1:] and len(value) > 1:
+        return value  # quoted already
+    return f'"{value}"' if "'" in value else f"'{value}'"
+
+
+def _unknown_keys(node: Any, path: str) -> list[str]:
+    """Keys below `node` that its dataclass lacks (added with +key=value), as full names."""
+    if isinstance(node, ListConfig):
+        return [k for i, item in enumerate(node) for k in _unknown_keys(item, f"{path}[{i}]")]
+    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+        return []
+    kind = OmegaConf.get_type(node)
+    names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+    unknown = []
+    for key in map(str, node.keys()):
+        full = f"{path}.{key}" if path else key
+        if names is not None and key not in names:
+            unknown.append(full)
+        else:
+            unknown += _unknown_keys(node._get_node(key), full)
+    return unknown
+
+
+def check_known_keys(cfg: DictConfig, command: str) -> None:
+    """NmtError for a key the command does not have: Hydra lets `+key=value` add any."""
+    unknown = _unknown_keys(cfg, "")
+    if not unknown:
+        return
+    key = unknown[0]
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    siblings = [k for k in map(str, node.keys()) if f"{parent}.{k}".lstrip(".") not in unknown]
+    close = difflib.get_close_matches(leaf, siblings, n=1)
+    hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
+    prog = f"nmt-{command.replace('_', '-')}"
+    raise NmtError(
+        f"{key}: not an option of {prog}; {hint}remove it ({prog} --cfg lists every option)"
+    )
+
+
 def compose_config(
     name: str, overrides: list[str], user_dir: str | None = None, config_name: str | None = None
 ) -> DictConfig:
@@ -118,6 +200,7 @@ def compose_config(
 
     from nmt.config import COMMANDS, register
 
+    check_override_syntax(overrides)
     spec = COMMANDS[name]()
     register(spec)
     extra = list(overrides)
@@ -143,6 +226,7 @@ def compose_config(
         raise NmtError(_describe_config_error(exc, name)) from exc
     finally:
         GlobalHydra.instance().clear()
+    check_known_keys(cfg, name)
     return cfg
 
 
@@ -186,6 +270,9 @@ def main(name: str, argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Terminated as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        sys.exit(128 + exc.signum)
     except BrokenPipeError:
         # `nmt-generate ... | head`: the reader went away; that is not an error.
         sys.stderr.close()

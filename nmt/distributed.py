@@ -111,11 +111,15 @@ def destroy_process_group(wait_for_peers: bool = True) -> None:
     """Leave the job (every group); with `wait_for_peers`, only once every rank got here.
 
     A rank that tears its connections down while a peer is still inside a collective with
-    it makes that peer fail. After a failure (`wait_for_peers=False`) nobody is waited for.
+    it makes that peer fail. After a failure (`wait_for_peers=False`) nobody is waited for,
+    and NCCL is aborted rather than destroyed: destroying flushes its queued collectives
+    first, and one that waits for a dead peer never finishes, so the process would hang
+    there (before its one-line error is printed) until NCCL's watchdog kills it.
     """
     global _host_group
     if not dist.is_initialized():
         return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)  # torch >= 2.5
     try:
         if wait_for_peers and dist.get_world_size() > 1:
             dist.barrier(group=_host_group)
@@ -123,7 +127,13 @@ def destroy_process_group(wait_for_peers: bool = True) -> None:
         pass
     finally:
         _host_group = None
-        dist.destroy_process_group()
+        if not wait_for_peers and abort is not None and dist.get_backend() == "nccl":
+            try:
+                abort()  # every group, the gloo host group too, without waiting for any
+            except Exception:  # the run failed already: its error is the one to report
+                pass
+        else:
+            dist.destroy_process_group()
 
 
 def peer_error(exc: BaseException, env: DistEnv, where: str) -> NmtError:

@@ -27,7 +27,8 @@ from nmt.errors import NmtError
 
 if TYPE_CHECKING:
     from sacrebleu.significance import Result
-from nmt.fsutil import atomic_write_text
+from nmt.fsutil import atomic_write_text, check_not_an_input, check_text_output
+from nmt.textlines import TextLines, check_input_errors
 
 METRIC_NAMES = ("bleu", "chrf", "ter")
 FORMATS = ("text", "json")
@@ -120,6 +121,7 @@ class ScoreConfig:
     format: str = "text"  # text or json
     width: int = 1  # decimals printed, as sacrebleu's --width
     output: str = "-"  # where the report goes: a file (written atomically), or "-" = stdout
+    input_errors: str = "strict"  # invalid UTF-8 in hyp/refs/baseline: strict (error) or replace
     debug: bool = False  # tracebacks instead of one-line errors
 
     def validate(self) -> None:
@@ -153,6 +155,7 @@ class ScoreConfig:
             raise NmtError(f"width={self.width}: must not be negative; sacrebleu prints 1")
         if not self.output:
             raise NmtError(f"output={self.output!r}: empty; give a file name, or - for stdout")
+        check_input_errors(self.input_errors)
         inputs = [("hyp", self.hyp), *(("refs", r) for r in refs)]
         if self.baseline:
             inputs.append(("baseline", self.baseline))
@@ -177,29 +180,34 @@ class MetricResult:
     ci: Optional[float] = None  # half-width of the bootstrap 95% interval
 
 
-def read_lines(path: str | os.PathLike, key: str) -> list[str]:
+def read_lines(
+    path: str | os.PathLike, key: str, errors: str = "strict", notes: list[str] | None = None
+) -> list[str]:
     """The lines of a UTF-8 text file ("-": stdin), as the sacrebleu CLI reads them (rstripped).
 
-    `key` is the option that named the file (hyp, refs, baseline), for error messages.
+    `key` is the option that named the file (hyp, refs, baseline), for error messages;
+    `errors` is input_errors (strict: invalid UTF-8 is an error naming the line; replace:
+    U+FFFD, and a line about it is appended to `notes`).
     """
-    if str(path) == STDIO:
-        lines = [line.rstrip() for line in sys.stdin]
-        return [lines[0].lstrip("\ufeff"), *lines[1:]] if lines else lines
-    p = Path(path)
-    if not p.is_file():
-        why = "is a directory" if p.is_dir() else "no such file"
-        raise NmtError(f"{p}: {why}; give a text file as {key}=")
+    if str(path) != STDIO:
+        p = Path(path)
+        if not p.is_file():
+            why = "is a directory" if p.is_dir() else "no such file"
+            raise NmtError(f"{p}: {why}; give a text file as {key}=")
+    # A byte-order mark (editors on Windows write one) is dropped: sacrebleu would count
+    # it as part of the first word.
+    text = TextLines(str(path), errors)
     try:
-        # utf-8-sig drops a leading byte-order mark (editors on Windows write one); sacrebleu
-        # would count it as part of the first word
-        with open(p, encoding="utf-8-sig", newline="\n") as f:
-            return [line.rstrip() for line in f]
-    except UnicodeDecodeError as exc:
-        raise NmtError(f"{p}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from exc
+        lines = [line.rstrip() for line in text]
     except OSError as exc:
         raise NmtError(
-            f"{p}: cannot read ({exc.strerror or exc}); check the file's permissions"
+            f"{path}: cannot read ({exc.strerror or exc}); check the file's permissions"
         ) from exc
+    text.check()
+    note = text.replacement_note()
+    if note is not None and notes is not None:
+        notes.append(note)
+    return lines
 
 
 def as_path_list(value: Any, key: str) -> list[str]:
@@ -214,11 +222,18 @@ def as_path_list(value: Any, key: str) -> list[str]:
     return [str(p) for p in paths]
 
 
-def read_references(paths: Sequence[str], n_hyps: int, hyp_name: str) -> list[list[str]]:
-    """Reference streams (one list per file), each checked to have `n_hyps` lines."""
+def read_references(
+    paths: Sequence[str],
+    n_hyps: int,
+    hyp_name: str,
+    errors: str = "strict",
+    notes: list[str] | None = None,
+) -> list[list[str]]:
+    """Reference streams (one list per file), each checked to have `n_hyps` lines
+    (`errors`, `notes`: as read_lines)."""
     streams = []
     for path in paths:
-        lines = read_lines(path, "refs")
+        lines = read_lines(path, "refs", errors, notes)
         if len(lines) != n_hyps:
             raise NmtError(
                 f"{path}: {len(lines)} lines, but the hypothesis file {hyp_name} has "
@@ -228,8 +243,10 @@ def read_references(paths: Sequence[str], n_hyps: int, hyp_name: str) -> list[li
     return streams
 
 
-def read_hypotheses(path: str, key: str = "hyp") -> list[str]:
-    lines = read_lines(path, key)
+def read_hypotheses(
+    path: str, key: str = "hyp", errors: str = "strict", notes: list[str] | None = None
+) -> list[str]:
+    lines = read_lines(path, key, errors, notes)
     if not lines:
         raise NmtError(f"{path}: the file is empty, nothing to score; check {key}=")
     return lines
@@ -432,6 +449,7 @@ class ScoreReport:
     sentences: Optional[list[dict[str, Any]]] = None  # {line, <metric>: score}, sentence_level
     paired: Optional[PairedReport] = None  # with a baseline
     width: int = 1  # decimals in the text rendering
+    notes: list[str] = field(default_factory=list)  # input_errors=replace: lines replaced
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -497,9 +515,11 @@ def score(cfg: ScoreConfig) -> ScoreReport:
     cfg.validate()
     hyp = str(cfg.hyp)  # validate() made sure it is given
     ref_paths = as_path_list(cfg.refs, "refs")
-    check_output(cfg.output, [hyp, *ref_paths, *([cfg.baseline] if cfg.baseline else [])])
-    hyps = read_hypotheses(hyp)
-    refs = read_references(ref_paths, len(hyps), hyp)
+    inputs = [("hyp", hyp), *(("refs", r) for r in ref_paths)]
+    check_output(cfg.output, inputs + ([("baseline", cfg.baseline)] if cfg.baseline else []))
+    notes: list[str] = []
+    hyps = read_hypotheses(hyp, "hyp", cfg.input_errors, notes)
+    refs = read_references(ref_paths, len(hyps), hyp, cfg.input_errors, notes)
     metrics = build_metrics(cfg.metrics, cfg.bleu, cfg.chrf, cfg.ter)
     n_bootstrap = cfg.confidence_n if cfg.confidence else 1
     results = corpus_scores(hyps, refs, metrics, n_bootstrap=n_bootstrap, width=cfg.width)
@@ -517,7 +537,7 @@ def score(cfg: ScoreConfig) -> ScoreReport:
 
     paired = None
     if cfg.baseline:
-        base_hyps = read_hypotheses(cfg.baseline, "baseline")
+        base_hyps = read_hypotheses(cfg.baseline, "baseline", cfg.input_errors, notes)
         if len(base_hyps) != len(hyps):
             raise NmtError(
                 f"{cfg.baseline}: {len(base_hyps)} lines, but the hypothesis file {hyp} "
@@ -540,10 +560,11 @@ def score(cfg: ScoreConfig) -> ScoreReport:
         sentences=sentences,
         paired=paired,
         width=cfg.width,
+        notes=notes,
     )
 
 
-def check_output(output: str, inputs: Sequence[str]) -> None:
+def check_output(output: str, inputs: Sequence[tuple[str, str]]) -> None:
     """NmtError unless a report can be written to `output` ("-": stdout) without harm."""
     if output == STDIO:
         return
@@ -555,9 +576,8 @@ def check_output(output: str, inputs: Sequence[str]) -> None:
             f"output={output}: the folder {path.parent} does not exist; create it or choose "
             "another output"
         )
-    for name in inputs:
-        if name != STDIO and path.exists() and Path(name).exists() and path.samefile(name):
-            raise NmtError(f"output={output}: is an input of this run; choose another file")
+    check_not_an_input("output", output, list(inputs))
+    check_text_output(path, "output", "nmt-score")
 
 
 def write_report(report: ScoreReport, output: str = STDIO, fmt: str = "text") -> None:

@@ -1,11 +1,19 @@
 """Shared by the training tests: a tiny model and a fast TrainConfig on the demo data dir.
 
 The demo data dir's `valid` split (500 pairs) serves as the training split and `test` as
-the validation split, so an epoch is ~25 small batches and runs in well under a second.
+the validation split, so an epoch is 13 small batches (max_tokens=500) and runs in well under a second.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,6 +58,22 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
     return replace(base, **overrides)
 
 
+def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:
+    """nmt-preprocess overrides that build `small_corpus` (tests/conftest.py) quickly into
+    `dest`: train, valid and test, a 200-piece model without byte pieces, one worker."""
+    return [
+        f"data.trainpref={corpus / 'train'}",
+        f"data.validpref={corpus / 'valid'}",
+        f"data.testpref=[{corpus / 'test'}]",
+        f"data.dest={dest}",
+        "spm.vocab_size=200",
+        "spm.byte_fallback=false",
+        "spm.num_threads=1",
+        "workers=1",
+        *extra,
+    ]
+
+
 def run_training(cfg: TrainConfig):
     """nmt.training.train(cfg), leaving torch's global thread count as it found it."""
     from nmt.training import train
@@ -69,3 +93,120 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"tensors differ: {different[:5]}"
+
+
+# ------------------------------------------------------------------ DDP jobs of the tests
+
+TESTS = Path(__file__).resolve().parent  # on the workers' PYTHONPATH: `import helpers`
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a test's torchrun job or hand-started ranks: this one without
+    torchrun's rank variables, one OpenMP thread, tests/ importable, and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}",
+        PYTHONFAULTHANDLER="1",  # a rank that aborts prints every thread's Python stack
+        **extra,
+    )
+    return env
+
+
+def torchrun_standalone(args: list[str], log_dir: Path, timeout: float) -> str | None:
+    """Run `torchrun --standalone --nproc_per_node 2 ARGS` with each rank's stdout and
+    stderr in files under `log_dir`; None when every rank succeeded, else what failed:
+    torchrun's summary and the end of each rank's stderr (torchrun's own shows no rank's
+    output, which a rank that died of a signal leaves only there)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    argv += ["--nproc_per_node", "2", "--log-dir", str(log_dir), "--redirects", "3", *args]
+    proc = subprocess.run(argv, env=worker_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode == 0:
+        return None
+    ranks = [
+        f"--- {path.relative_to(log_dir)}:\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted(log_dir.rglob("stderr.log"))
+    ]
+    return "\n".join([proc.stderr[-2000:], *ranks])
+
+
+@contextmanager
+def rendezvous_store() -> Iterator[int]:
+    """A TCPStore that the test process serves, on a port the kernel picked and that stays
+    bound while the job runs; yields its port.
+
+    Ranks started by hand join it as torchrun's workers join their agent's store
+    (rank_env). Picking a free port, closing it and passing its number on to rank 0 raced
+    with every other process on the machine (other tests' servers and connections), any of
+    which could take the port before rank 0 bound it."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+def rank_env(port: int, rank: int, world_size: int = 2, local_rank: int | None = None):
+    """worker_env of rank `rank`, joining the rendezvous_store on `port` as a client."""
+    return worker_env(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank if local_rank is None else local_rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # every rank a client, none binds MASTER_PORT
+    )
+
+
+def outputs_of(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process once it has ended, waiting up to `timeout` s for
+    each; none is left running, whatever happens."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def batches_consumed(trainer) -> int:
+    """Batches of the seeded epoch lists a run from scratch has consumed: every earlier
+    epoch's whole list, and the first `position` of the current one."""
+    progress = trainer.progress
+    earlier = range(1, progress.epoch)
+    return sum(len(trainer.data.epoch_batches(e)) for e in earlier) + progress.position
+
+
+def assert_fp16_overflows_were_skipped(trainer, stderr: str, init_scale: float) -> None:
+    """After `trainer.run()` in fp16 from a loss scale of `init_scale` >= 2**17 (which
+    overflows at once: the gold token's logit gradient, ~0.9 x the scale, exceeds fp16's
+    largest number, 65504, down to a scale of 2**17): each overflow skipped its update,
+    consumed its batches and halved the scale; no NaN/inf reached the weights."""
+    skipped = stderr.count("fp16: gradient overflow")
+    assert skipped >= math.log2(init_scale) - 16, stderr[-2000:]
+    assert trainer.scaler.scale == init_scale / 2**skipped  # no growth within 2000 updates
+    attempts = trainer.progress.num_updates + skipped  # updates made and skipped
+    assert batches_consumed(trainer) == attempts * trainer.cfg.update_freq
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+
+
+def wait_until(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
+    """Return as soon as `ready()` holds; fail when `proc` ends first or `timeout` seconds
+    pass."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"exited ({proc.returncode}) before it was ready"
+        assert time.monotonic() < deadline, f"not ready within {timeout} s"
+        time.sleep(0.05)
+
+
+def kill_9_when(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
+    """SIGKILL `proc` (no cleanup of its own runs) as soon as `ready()` holds; fails when
+    the process ends first or `timeout` seconds pass."""
+    try:
+        wait_until(proc, ready, timeout)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()

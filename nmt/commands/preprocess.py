@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nmt.data import build_data_dir
 from nmt.data.config import PreprocessConfig
+from nmt.processes import sigterm_raises
 
 PROG = "nmt-preprocess"
 
@@ -13,7 +14,8 @@ def _say(message: str) -> None:
 
 
 def run(cfg: PreprocessConfig) -> int:
-    report = build_data_dir(cfg, progress=True, log=_say)
+    with sigterm_raises():  # SIGTERM cleans up as Ctrl-C does: workers stopped, temporary removed
+        report = build_data_dir(cfg, progress=True, log=_say)
     for line in report.lines():
         print(line if line.startswith(" ") else f"{PROG}: {line}")
     return 0

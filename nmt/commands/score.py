@@ -11,7 +11,10 @@ from nmt.scoring import STDIO, ScoreConfig, score, write_report
 
 
 def run(cfg: ScoreConfig) -> int:
-    write_report(score(cfg), cfg.output, cfg.format)
+    report = score(cfg)
+    for note in report.notes:
+        print(f"nmt-score: warning: {note}", file=sys.stderr)
+    write_report(report, cfg.output, cfg.format)
     if cfg.output != STDIO:
         print(f"nmt-score: wrote {cfg.output}", file=sys.stderr)
     return 0

@@ -36,7 +36,7 @@ from nmt.data.corpus import (
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
-from nmt.processes import ignore_sigint, sigint_deferred
+from nmt.processes import become_child_of, interrupts_deferred
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -46,7 +46,8 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 class TokenArray:
     """Read-only, memory-mapped view of one binarized split and side."""
 
-    def __init__(self, prefix: str | os.PathLike) -> None:
+    def __init__(self, prefix: str | os.PathLike, dtype: str | None = None) -> None:
+        """`dtype`: meta.json's ("uint16" or "int32"); None tells it from the file sizes."""
         self.prefix = str(prefix)
         bin_path, idx_path = Path(self.prefix + ".bin"), Path(self.prefix + ".idx")
         for path in (bin_path, idx_path):
@@ -57,17 +58,13 @@ class TokenArray:
             raise NmtError(f"{idx_path}: truncated index; rebuild the data dir with nmt-preprocess")
         self._idx = np.memmap(idx_path, dtype=np.int64, mode="r")
         n_tokens = int(self._idx[-1])
-        bin_bytes = bin_path.stat().st_size
+        itemsize = _token_size(bin_path, idx_path, n_tokens, dtype)
         if n_tokens == 0:
             self._bin: np.ndarray = np.zeros(0, dtype=np.uint16)
-        elif bin_bytes % n_tokens or bin_bytes // n_tokens not in (2, 4):
-            raise NmtError(
-                f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens "
-                f"{idx_path.name} describes; rebuild the data dir with nmt-preprocess"
-            )
         else:
-            dtype = np.uint16 if bin_bytes // n_tokens == 2 else np.int32
-            self._bin = np.memmap(bin_path, dtype=dtype, mode="r")
+            self._bin = np.memmap(
+                bin_path, dtype=np.uint16 if itemsize == 2 else np.int32, mode="r"
+            )
 
     @property
     def dtype(self) -> np.dtype:
@@ -101,10 +98,37 @@ class TokenArray:
 
     # DataLoader workers get the path and map the files again, instead of a copy of the data
     def __getstate__(self) -> dict:
-        return {"prefix": self.prefix}
+        return {"prefix": self.prefix, "dtype": str(self._bin.dtype)}
 
     def __setstate__(self, state: dict) -> None:
-        TokenArray.__init__(self, state["prefix"])
+        TokenArray.__init__(self, state["prefix"], state.get("dtype"))
+
+
+def _token_size(bin_path: Path, idx_path: Path, n_tokens: int, dtype: str | None) -> int:
+    """Bytes per token of `bin_path` (2 or 4), which must hold exactly the `n_tokens` tokens
+    `idx_path` ends with; otherwise an NmtError blaming the file that is short: a .bin
+    holding more tokens than its index describes means the index lost its end."""
+    bin_bytes = bin_path.stat().st_size
+    sizes = [np.dtype(dtype).itemsize] if dtype else [2, 4]
+    for size in sizes:
+        if bin_bytes == n_tokens * size:
+            return size
+    whole = [size for size in sizes if bin_bytes % size == 0] or sizes  # possible token sizes
+    fix = "rebuild the data dir with nmt-preprocess"
+    if all(bin_bytes > n_tokens * size for size in whole):
+        raise NmtError(
+            f"{idx_path}: truncated or damaged: it describes {n_tokens} tokens, but "
+            f"{bin_path.name} holds more ({bin_bytes} bytes); {fix}"
+        )
+    if all(bin_bytes < n_tokens * size for size in whole):
+        raise NmtError(
+            f"{bin_path}: truncated: {bin_bytes} bytes, but {idx_path.name} describes "
+            f"{n_tokens} tokens; {fix}"
+        )
+    raise NmtError(
+        f"{bin_path}: {bin_bytes} bytes do not hold the {n_tokens} tokens {idx_path.name} "
+        f"describes; {fix}"
+    )
 
 
 _LENGTH_CHUNK = 1 << 20  # offsets read at a time by read_lengths
@@ -262,9 +286,9 @@ def _append_eos(ids: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.insert(ids, np.cumsum(lens), EOS), lens + 1
 
 
-def _init_worker(settings: EncodeSettings) -> None:
+def _init_worker(settings: EncodeSettings, parent_pid: int) -> None:
     global _worker
-    ignore_sigint()
+    become_child_of(parent_pid)  # never outlive the main process, even one killed by -9
     _worker = _ChunkEncoder(settings)
 
 
@@ -325,7 +349,7 @@ class Encoder:
                 self.workers,
                 mp_context=multiprocessing.get_context(),
                 initializer=_init_worker,
-                initargs=(self.settings,),
+                initargs=(self.settings, os.getpid()),
             )
         else:
             self._local = _ChunkEncoder(self.settings)
@@ -338,7 +362,7 @@ class Encoder:
 
     def _submit(self, task: ChunkTask) -> Future[ChunkResult]:
         assert self._pool is not None
-        with sigint_deferred():  # a submit may fork the workers
+        with interrupts_deferred():  # a submit may fork the workers
             return self._pool.submit(_run_chunk, task)
 
     def _results(self, tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
@@ -356,7 +380,7 @@ class Encoder:
                 result = pending.popleft().result()
             except BrokenProcessPool as exc:
                 raise NmtError(
-                    "an encoding worker process died (out of memory?); run again "
+                    "an encoding worker process died (killed, or out of memory?); run again "
                     "with fewer workers or a smaller chunk_lines"
                 ) from exc
             for task in itertools.islice(queue, 1):

@@ -15,9 +15,12 @@ the workers themselves, compressed ones as one stream), SentencePiece sees a bou
 (`spm.input_sentence_size`), at most 2 x workers chunks are in flight, and the output is
 written as it comes. With `join=[...]`, data dirs built apart are joined instead
 (nmt.data.join).
-Any failure or Ctrl-C removes the temporary directory; an existing data dir is replaced
-only with `overwrite=true`, and only once the new one is complete. A directory that holds
-anything but an nmt data dir (no meta.json) is never replaced.
+Any failure, Ctrl-C or SIGTERM removes the temporary directory; an existing data dir is
+replaced only with `overwrite=true`, and only once the new one is complete. A directory that
+is not an nmt data dir (no meta.json), or holds anything nmt-preprocess does not write, is
+never replaced. One run at a time builds a data dir: a second on the same `data.dest` is
+refused, naming the first (an flock on `.<name>.lock` beside it, which the kernel releases
+when its holder dies), so the temporary a killed run left can be removed safely.
 """
 
 from __future__ import annotations
@@ -39,9 +42,23 @@ from nmt.data.meta import META_FILE, DataMeta, SplitInfo, split_prefix, write_me
 from nmt.data.tokenizer_setup import DataTokenizers, TokenizerSamples, setup_tokenizers
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
-from nmt.fsutil import atomic_directory, atomic_write_text, remove_stale_temps
+from nmt.fsutil import (
+    OutputKind,
+    atomic_directory,
+    atomic_write_text,
+    check_replaceable,
+    destination_lock,
+    remove_stale_temps,
+)
 
 CONFIG_FILE = "config.yaml"
+# what nmt-preprocess writes into a data dir (also a join's hard-linked shards): with
+# overwrite=true, a data dir holding anything else is not replaced
+DATA_DIR = OutputKind(
+    "nmt data dir",
+    META_FILE,
+    (META_FILE, CONFIG_FILE, "spm*.model", "spm*.vocab", "*.bin", "*.idx"),
+)
 
 
 @dataclass(frozen=True)
@@ -126,15 +143,18 @@ def build_data_dir(
     say = log or (lambda message: None)
     dest = Path(cfg.data.dest).expanduser()
     _check_dest(dest, cfg.overwrite)
-    if cfg.join:
-        from nmt.data.join import join_data_dirs
+    with destination_lock(dest, f"data.dest={dest}"):
+        _check_dest(dest, cfg.overwrite)  # again, now that no other run can change it
+        if cfg.join:
+            from nmt.data.join import join_data_dirs
 
-        return join_data_dirs(cfg, dest, _plain(cfg), log=say)
-    samples = TokenizerSamples(cfg)
-    splits = _scan_inputs(cfg, samples, progress)
-    remove_stale_temps(dest)  # what a killed run left beside dest
-    with atomic_directory(dest) as tmp:
-        meta, stats, encode_s = _build(cfg, splits, samples, tmp, progress, say)
+            return join_data_dirs(cfg, dest, _plain(cfg), log=say)
+        samples = TokenizerSamples(cfg)
+        splits = _scan_inputs(cfg, samples, progress)
+        for stale in remove_stale_temps(dest):  # what a killed run left beside dest
+            say(f"removed {stale}, left by an interrupted run")
+        with atomic_directory(dest) as tmp:
+            meta, stats, encode_s = _build(cfg, splits, samples, tmp, progress, say)
     bad = {name: s.bad_utf8 for name, s in stats.items() if s.bad_utf8}
     return BuildReport(
         dest=dest,
@@ -259,6 +279,8 @@ def _scan_inputs(
     ]
     for _, _, paths in files:  # every file is there before the first is read
         for path in paths.values():
+            if path.is_dir():
+                raise NmtError(f"{path}: is a directory; give the prefix of the text files")
             if not path.is_file():
                 raise NmtError(f"{path}: no such file")
     total = sum(p.stat().st_size for _, _, paths in files for p in paths.values())
@@ -291,28 +313,13 @@ def _scan_inputs(
 
 def _check_dest(dest: Path, overwrite: bool) -> None:
     """May a data dir be written at `dest`? Only where nothing, an empty directory, or (with
-    overwrite) an nmt data dir is."""
+    overwrite) an nmt data dir holding nothing else is."""
     ancestor = dest.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise NmtError(f"data.dest={dest}: {ancestor} is not a directory; choose another data.dest")
-    if not dest.exists():
-        return
-    if not dest.is_dir():
-        raise NmtError(f"data.dest={dest}: exists and is not a directory; choose another data.dest")
-    if (dest / META_FILE).is_file():
-        if not overwrite:
-            raise NmtError(
-                f"data.dest={dest}: a data dir already exists there; "
-                "set overwrite=true to replace it"
-            )
-    elif any(dest.iterdir()):
-        # never delete what nmt did not write, even with overwrite=true
-        raise NmtError(
-            f"data.dest={dest}: exists, is not empty and is not an nmt data dir "
-            "(no meta.json); choose another data.dest"
-        )
+    check_replaceable(dest, "data.dest", DATA_DIR, overwrite)
 
 
 def _empty_train_message(cfg: PreprocessConfig, name: str, stats: SplitStats) -> str:

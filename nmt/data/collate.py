@@ -65,15 +65,15 @@ def collate(
     # The shift moves the last real token of shorter rows into a pad slot of target; those
     # slots are padding on the target side, so mask them on the input side too.
     prev[:, 1:][tgt[:, 1:] == pad] = pad
-    tensors = [torch.from_numpy(a) for a in (src, prev, tgt)]
-    if pin_memory:
+    lengths = np.array([len(p[0]) for p in pairs], dtype=np.int64)
+    tensors = [torch.from_numpy(a) for a in (src, lengths, prev, tgt)]
+    if pin_memory:  # every tensor Batch.to copies: a pageable one may make it wait
         tensors = [t.pin_memory() for t in tensors]
-    src_t, prev_t, tgt_t = tensors
-    lengths = torch.tensor([len(p[0]) for p in pairs], dtype=torch.int64)
+    src_t, lengths_t, prev_t, tgt_t = tensors
     return Batch(
         ids=torch.as_tensor(np.asarray(ids, dtype=np.int64)),
         src_tokens=src_t,
-        src_lengths=lengths,
+        src_lengths=lengths_t,
         prev_tokens=prev_t,
         target=tgt_t,
         ntokens=int(sum(len(p[1]) for p in pairs)),

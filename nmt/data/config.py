@@ -130,10 +130,17 @@ class SpmConfig:
     seed: int = 1  # SentencePiece's random seed (sentence sampling)
 
     def validate(self) -> None:
-        if self.vocab_size < 1:
+        reserved = ["4 special pieces (<s> <pad> </s> <unk>)"]
+        if self.byte_fallback:
+            reserved.append("256 byte pieces (spm.byte_fallback=true)")
+        if self.user_defined_symbols:
+            reserved.append(f"{len(self.user_defined_symbols)} spm.user_defined_symbols")
+        least = 4 + 256 * self.byte_fallback + len(self.user_defined_symbols)
+        if self.vocab_size <= least and self.model is None and self.src_model is None:
             raise NmtError(
-                f"spm.vocab_size={self.vocab_size}: must be 1 or more; use about 1000 for the "
-                "demo corpus, 8000 for Multi30k"
+                f"spm.vocab_size={self.vocab_size}: too small; SentencePiece needs more than "
+                f"{least}: the {' and the '.join(reserved)} come first; use about 1000 for "
+                "the demo corpus, 8000 for Multi30k"
             )
         if self.num_threads < 1:
             raise NmtError(
@@ -216,7 +223,7 @@ class PreprocessConfig:
     on_invalid_utf8: InvalidUtf8 = InvalidUtf8.error  # error, replace or skip
     workers: int = 2  # encoding processes; the output is the same for any number
     chunk_lines: int = 5000  # lines per unit of work handed to a worker
-    overwrite: bool = False  # replace an existing data dir at data.dest
+    overwrite: bool = False  # replace a data dir nmt-preprocess wrote at data.dest (only that)
     # join these data dirs (built with one SentencePiece model) into data.dest instead of
     # reading text: a split found in several becomes one split in shards (nmt.data.join)
     join: list[str] = field(default_factory=list)

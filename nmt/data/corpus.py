@@ -77,7 +77,7 @@ def open_text(path: Path) -> BinaryIO:
         if suffix == ".bz2":
             return cast(BinaryIO, bz2.open(path, "rb"))
         try:
-            import zstandard  # type: ignore[import-not-found]  # optional
+            import zstandard  # optional (a mypy override covers its absence)
         except ImportError:
             raise NmtError(
                 f"{path}: reading .zst needs the zstandard package (pip install zstandard); "
@@ -120,10 +120,12 @@ def scan_file(
     check_utf8: bool,
     sample: LineReservoir | None = None,
     progress: Callable[[int], object] | None = None,
+    remedy: str = "fix the file or set on_invalid_utf8=replace or =skip",
 ) -> FileScan:
     """Count lines and record chunk offsets; with `check_utf8`, NmtError at the first bad
-    line. Every line is offered to `sample` (the SentencePiece training sample); `progress`
-    receives the number of (compressed) bytes read since its last call."""
+    line, ending with `remedy` (what to do). Every line is offered to `sample` (the
+    SentencePiece training sample); `progress` receives the number of (compressed) bytes
+    read since its last call."""
     starts = [0]
     lines = 0  # complete lines ("\n"-terminated) seen so far
     carry = b""  # bytes of an unfinished line
@@ -146,7 +148,7 @@ def scan_file(
                 if len(newlines):
                     end = int(newlines[-1]) + 1
                     if check_utf8:
-                        _check_utf8(path, memoryview(data)[:end], lines)
+                        _check_utf8(path, memoryview(data)[:end], lines, remedy)
                     if sample is not None:
                         sample.offer(data, newlines, skip_bom if lines == 0 else 0)
                     lines += len(newlines)
@@ -164,7 +166,7 @@ def scan_file(
         raise NmtError(f"{path}: truncated ({exc}); get the file again") from exc
     if carry:  # a last line without "\n" still counts
         if check_utf8:
-            _check_utf8(path, carry, lines)
+            _check_utf8(path, carry, lines, remedy)
         if sample is not None:
             sample.offer(carry, np.array([len(carry)]), skip_bom if lines == 0 else 0)
         lines += 1
@@ -186,7 +188,7 @@ def read_chunks(scan: FileScan) -> Iterator[bytes]:
             yield data
 
 
-def _check_utf8(path: Path, data: bytes | memoryview, first_line: int) -> None:
+def _check_utf8(path: Path, data: bytes | memoryview, first_line: int, remedy: str) -> None:
     try:
         str(data, "utf-8")  # a memoryview decodes without a copy of the bytes
     except UnicodeDecodeError as exc:
@@ -194,8 +196,8 @@ def _check_utf8(path: Path, data: bytes | memoryview, first_line: int) -> None:
         line = first_line + raw.count(b"\n") + 1
         column = exc.start - (raw.rfind(b"\n") + 1)
         raise NmtError(
-            f"{path}:{line}: invalid UTF-8 ({exc.reason} at byte {column + 1} of the "
-            "line); fix the file or set on_invalid_utf8=replace or =skip"
+            f"{path}:{line}: invalid UTF-8 ({exc.reason} at byte {column + 1} of the line); "
+            f"{remedy}"
         ) from exc
 
 

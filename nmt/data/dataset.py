@@ -102,8 +102,9 @@ class PairDataset:
         return [(self.src[int(i)], self.tgt[int(i)]) for i in indices]
 
 
-def open_side(data_dir: str | Path, prefix: str, lang: str, split: str):
-    """The TokenArray `<data_dir>/<prefix>.<lang>.{bin,idx}`; NmtError naming the split."""
+def open_side(data_dir: str | Path, prefix: str, lang: str, split: str, dtype: str | None = None):
+    """The TokenArray `<data_dir>/<prefix>.<lang>.{bin,idx}` (`dtype`: meta.json's);
+    NmtError naming the split."""
     from nmt.data.binarize import TokenArray
 
     path = Path(data_dir) / f"{prefix}.{lang}"
@@ -112,7 +113,7 @@ def open_side(data_dir: str | Path, prefix: str, lang: str, split: str):
             f"{path}.bin/.idx: missing; the data dir has no {split!r} split "
             f"for {lang!r} (see {Path(data_dir) / 'meta.json'})"
         )
-    return TokenArray(str(path))
+    return TokenArray(str(path), dtype)
 
 
 def load_pair_dataset(
@@ -123,13 +124,14 @@ def load_pair_dataset(
     *,
     shards: Sequence[str] = (),
     limit: int | None = None,
+    dtype: str | None = None,
 ) -> PairDataset:
     """Open `<data_dir>/<split>.<lang>.{bin,idx}` for both languages; for a sharded split,
     `shards` names the shards' file prefixes (nmt.data.meta.shard_prefixes), opened end to
-    end. `limit`: only the first `limit` pairs."""
+    end. `limit`: only the first `limit` pairs; `dtype`: meta.json's."""
     prefixes = list(shards) or [split]
     sides = []
     for lang in (src_lang, tgt_lang):
-        arrays = [open_side(data_dir, prefix, lang, split) for prefix in prefixes]
+        arrays = [open_side(data_dir, prefix, lang, split, dtype) for prefix in prefixes]
         sides.append(arrays[0] if len(arrays) == 1 else ConcatSequences(arrays))
     return PairDataset(sides[0], sides[1], name=f"{data_dir}/{split}", limit=limit)

@@ -11,7 +11,7 @@ import hashlib
 import io
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,6 +161,13 @@ def _training_error(message: str, vocab_size: int, what: str) -> str:
             f"for its characters; set spm.vocab_size={too_low.group(2)} or more "
             "(or lower spm.character_coverage)"
         )
+    if (
+        "insert_id(" in message
+    ):  # fewer pieces than the special ids (a config's validate() says so first)
+        return (
+            f"spm.vocab_size={vocab_size}: too small for the special pieces (<s> <pad> </s> "
+            "<unk>) and byte pieces; use about 1000 for the demo corpus, 8000 for Multi30k"
+        )
     if "sentences_.empty()" in message:
         return f"{what}: no text to train SentencePiece on (every line is empty); check the files"
     return f"SentencePiece training on {what} failed: {_first_line(message)}"
@@ -172,10 +179,19 @@ def _first_line(exc: object) -> str:
 
 
 def load_tokenizers(
-    data_dir: str | Path, meta: DataMeta | None = None
+    data_dir: str | Path,
+    meta: DataMeta | None = None,
+    *,
+    changed: Callable[[str], None] | None = None,
 ) -> tuple[Tokenizer, Tokenizer]:
-    """The (source, target) tokenizers of a data dir, checked against meta.json's sha256."""
-    from nmt.data.meta import load_meta
+    """The (source, target) tokenizers of a data dir, checked against its meta.json.
+
+    A model file whose sha256 is not the one recorded (swapped or edited after
+    preprocessing: the stored ids would meet other pieces) is an NmtError, or, when the
+    caller accepts it, a line handed to `changed`. Vocabulary sizes that are not the
+    models' piece counts are always an error (see check_vocab_sizes).
+    """
+    from nmt.data.meta import META_FILE, load_meta
 
     meta = meta if meta is not None else load_meta(data_dir)
     loaded: list[Tokenizer] = []
@@ -187,10 +203,32 @@ def load_tokenizers(
                 "rebuild it with nmt-preprocess"
             )
         model_bytes = path.read_bytes()
-        if hashlib.sha256(model_bytes).hexdigest() != meta.tokenizers[side]["sha256"]:
-            raise NmtError(
-                f"{path}: differs from the model meta.json records (sha256); it was "
-                "changed after preprocessing: rebuild the data dir with nmt-preprocess"
+        found, recorded = hashlib.sha256(model_bytes).hexdigest(), meta.tokenizers[side]["sha256"]
+        if found != recorded and (side == "src" or not meta.joint_vocab):
+            what = (
+                f"{path}: differs from the model {Path(data_dir) / META_FILE} records (sha256 "
+                f"{found[:12]} instead of {recorded[:12]}); it was changed after preprocessing"
             )
+            if changed is None:
+                raise NmtError(f"{what}: rebuild the data dir with nmt-preprocess")
+            changed(what)
         loaded.append(Tokenizer(model_bytes, name=str(path)))
+    check_vocab_sizes(data_dir, meta, loaded[0], loaded[1])
     return loaded[0], loaded[1]
+
+
+def check_vocab_sizes(data_dir: str | Path, meta: DataMeta, src: Tokenizer, tgt: Tokenizer) -> None:
+    """meta.json's vocabulary sizes must be the models' piece counts: an edited size would
+    make the embeddings smaller than the stored ids (an IndexError deep in the model) or
+    larger than any id."""
+    from nmt.data.meta import META_FILE
+
+    for side, tokenizer in (("src", src), ("tgt", tgt)):
+        key = f"{side}_vocab_size"
+        recorded = getattr(meta, key)
+        if recorded != tokenizer.vocab_size:
+            raise NmtError(
+                f"{Path(data_dir) / META_FILE}: {key} is {recorded}, but "
+                f"{meta.tokenizers[side]['file']} has {tokenizer.vocab_size} pieces; "
+                "meta.json was edited: rebuild the data dir with nmt-preprocess"
+            )

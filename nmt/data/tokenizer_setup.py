@@ -14,6 +14,7 @@ data dir being built (`<name>.model` and `<name>.vocab`), through nmt.fsutil.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -24,7 +25,7 @@ from nmt.data.sampling import LineReservoir
 from nmt.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write_bytes
-from nmt.processes import ignore_sigint, sigint_deferred
+from nmt.processes import become_child_of, interrupts_deferred
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,11 @@ def _train(
     ctx = multiprocessing.get_context()
     receiver, sender = ctx.Pipe(duplex=False)
     # forked, the child reads the sample from the parent's memory (nothing is copied)
-    child = ctx.Process(target=_train_child, args=(sender, cfg, sample.lines, what), daemon=True)
+    child = ctx.Process(
+        target=_train_child, args=(sender, cfg, sample.lines, what, os.getpid()), daemon=True
+    )
     try:
-        with sigint_deferred():
+        with interrupts_deferred():
             child.start()
         sender.close()  # so that recv() sees EOF if the child dies
         status, payload = receiver.recv()
@@ -139,8 +142,10 @@ def _train(
     return Tokenizer(payload, name=f"SentencePiece model of {what}")
 
 
-def _train_child(sender: Connection, cfg: PreprocessConfig, sample: list[bytes], what: str) -> None:
-    ignore_sigint()
+def _train_child(
+    sender: Connection, cfg: PreprocessConfig, sample: list[bytes], what: str, parent_pid: int
+) -> None:
+    become_child_of(parent_pid)
     s = cfg.spm
     try:
         tok = train_tokenizer(

@@ -8,14 +8,19 @@ what to do`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from nmt.errors import NmtError
+from nmt.textlines import check_input_errors
 
 FORMATS = ("plain", "fairseq")
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # nmt.runtime.INFERENCE_PRECISIONS (no torch)
 OVERLONG = ("truncate", "error")
+MAX_LENPEN = 5.0  # |lenpen|: length**lenpen for lengths up to 10^4 stays a finite fp32 factor
+MIN_TEMPERATURE = 1e-6  # fp32 logits / temperature stay finite (and sampling is greedy)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range, non-negative
 
 
 def _fmt(value: Any) -> str:
@@ -43,7 +48,7 @@ class SearchConfig:
     lenpen: float = 1.0  # final score = sum of log-probs / length**lenpen (length incl. EOS)
     max_len_a: float = 0.0  # longest output: max_len_a * source length + max_len_b tokens
     max_len_b: int = 200  # (capped by the model's max_target_positions - 1)
-    min_len: int = 1  # shortest output in tokens, EOS not counted
+    min_len: int = 1  # shortest output in tokens, EOS not counted (a lower length limit wins)
     unkpen: float = 0.0  # subtracted from <unk>'s log-prob (positive = fewer <unk>)
     no_repeat_ngram_size: int = 0  # forbid repeating any n-gram of this size; 0 = off
     sampling: bool = False  # sample instead of beam search (beam = samples per sentence)
@@ -58,6 +63,18 @@ class SearchConfig:
         if self.beam < 1:
             raise _bad("beam", self.beam, "must be 1 or more", "use 1 for greedy search")
         check_nbest(self.nbest, self.beam)
+        for key in ("lenpen", "max_len_a", "unkpen", "temperature", "sampling_topp"):
+            if not math.isfinite(getattr(self, key)):  # nan/inf make every score nan or inf
+                raise _bad(key, getattr(self, key), "not a finite number", "give a number")
+        if abs(self.lenpen) > MAX_LENPEN:  # length**lenpen must stay a finite fp32 divisor
+            raise _bad(
+                "lenpen",
+                self.lenpen,
+                f"out of range (-{MAX_LENPEN:g} to {MAX_LENPEN:g})",
+                "use 1 for the average log-prob per token, 0 for none (fairseq's usual 0.6-2)",
+            )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise _bad("seed", self.seed, "out of range", f"use 0 to {MAX_SEED} (2^63 - 1)")
         for key in ("max_len_a", "max_len_b"):
             if getattr(self, key) < 0:
                 raise _bad(
@@ -68,6 +85,13 @@ class SearchConfig:
                 )
         if self.min_len < 0:
             raise _bad("min_len", self.min_len, "must not be negative", "use 0 for no minimum")
+        if self.max_len_a == 0 and self.min_len > self.max_len_b:
+            raise _bad(
+                "min_len",
+                self.min_len,
+                f"more than max_len_b={self.max_len_b}, the longest output (max_len_a=0)",
+                "lower min_len or raise max_len_b",
+            )
         if self.no_repeat_ngram_size < 0:
             raise _bad(
                 "no_repeat_ngram_size",
@@ -96,6 +120,13 @@ class SearchConfig:
                 "must be positive",
                 "use 1.0 for the model's own distribution",
             )
+        if self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow
+            raise _bad(
+                "temperature",
+                self.temperature,
+                f"below {MIN_TEMPERATURE:g}, where the logits overflow",
+                "use beam=1 without sampling for the most likely tokens",
+            )
         if not self.sampling:
             if self.sampling_topk:
                 raise _bad(
@@ -121,6 +152,34 @@ def check_nbest(nbest: int, beam: int) -> None:
             nbest,
             f"must be between 1 and beam={beam}",
             "raise beam or lower nbest",
+        )
+
+
+def check_min_len(
+    search: SearchConfig, max_source_positions: int, max_target_positions: int
+) -> None:
+    """min_len must be reachable by some sentence: no output is longer than
+    max_len_a * source length + max_len_b tokens, nor than the model's
+    max_target_positions - 1, and no source longer than max_source_positions (EOS
+    included). A sentence whose own limit is below min_len still gets a translation, cut
+    at its limit (the limit wins, as nmt-generate says at the end)."""
+    longest_model = max_target_positions - 1
+    if search.min_len > longest_model:
+        raise _bad(
+            "min_len",
+            search.min_len,
+            f"more than the model's longest output ({longest_model} tokens: "
+            f"model.max_target_positions={max_target_positions})",
+            f"use min_len={longest_model} or less",
+        )
+    longest = int(search.max_len_a * max_source_positions + search.max_len_b)
+    if search.min_len > longest:
+        raise _bad(
+            "min_len",
+            search.min_len,
+            f"more than any output can be (max_len_a={_fmt(search.max_len_a)} x the longest "
+            f"source, {max_source_positions} tokens, + max_len_b={search.max_len_b} = {longest})",
+            "lower min_len or raise max_len_a or max_len_b",
         )
 
 
@@ -165,6 +224,7 @@ class GenerateConfig(SearchConfig):
     buffer_size: int = 10000  # lines read ahead and sorted by length (file or piped input)
     interactive: Optional[bool] = None  # translate each line as soon as read; null = for stdin
     overlong: str = "truncate"  # source longer than the model accepts: truncate (warn) or error
+    input_errors: str = "strict"  # invalid UTF-8 in the text inputs: strict (error) or replace
     device: str = "auto"  # cpu, cuda, cuda:1, or auto (cuda when available)
     precision: Optional[str] = None  # fp32, bf16, fp16 (cuda) or int8 (cpu); null = fp32
     dtype: Optional[str] = None  # deprecated: the old name of precision
@@ -185,6 +245,7 @@ class GenerateConfig(SearchConfig):
                 "precision=, and the two differ; give precision= only"
             )
         check_batching(self.max_tokens, self.max_sentences, self.overlong)
+        check_input_errors(self.input_errors)
         if self.buffer_size < 1:
             raise _bad("buffer_size", self.buffer_size, "must be 1 or more", "e.g. 10000 lines")
         if self.threads < 0:

@@ -247,8 +247,9 @@ class SequenceGenerator:
     def max_lengths(self, src_lengths: Tensor) -> Tensor:
         """Per-sentence output limit (tokens before EOS): a*src_len + b, capped."""
         s = self.search
-        limit = (s.max_len_a * src_lengths.double() + s.max_len_b).floor().long()
-        return limit.clamp(min=1, max=self.max_positions)
+        # capped in float64 before the cast: a huge a or b must give the cap, not overflow
+        limit = s.max_len_a * src_lengths.double() + float(s.max_len_b)
+        return limit.clamp(max=self.max_positions).floor().long().clamp(min=1)
 
     def _lprobs(
         self,

@@ -21,9 +21,10 @@ import torch
 from tqdm import tqdm
 
 from nmt.data.binarize import TokenArray
+from nmt.data.corpus import open_text, scan_file
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.fsutil import atomic_write, remove_stale_temps
+from nmt.fsutil import atomic_write, check_text_output, remove_stale_temps
 from nmt.generation.encoding import (
     PieceNames,
     TextEncoder,
@@ -33,8 +34,7 @@ from nmt.generation.encoding import (
     target_ids,
 )
 from nmt.generation.generator import Hypothesis
-
-BOM = "\ufeff"
+from nmt.textlines import REMEDY, STDIN, TextLines
 
 
 @dataclass
@@ -54,36 +54,36 @@ def print_warning(message: str) -> None:
     tqdm.write(f"nmt-generate: warning: {message}", file=sys.stderr)
 
 
-def count_lines(path: str) -> int:
-    """Lines of a file ("\\n"-separated, a last line without "\\n" counted), cheaply."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
+def text_lines(path: str, key: str, errors: str) -> TextLines:
+    """The lines of a text input (`key`= names it): a file, plain or compressed as
+    nmt-preprocess reads them, or stdin ("-"); invalid UTF-8 as `errors` says."""
+    if path != STDIN:
+        check_text_file(path, key)
+    return TextLines(path, errors, opener=lambda name: open_text(Path(name)))
 
 
-def read_text_lines(path: str, key: str = "input") -> Iterator[str]:
-    """Decoded lines of a UTF-8 file or stdin ("-"), split at "\\n" only, read lazily.
-
-    `key` is the option that named the file, for the message when it does not exist."""
-    name = "stdin" if path == "-" else path
-    if path != "-" and not Path(path).is_file():
+def check_text_file(path: str, key: str) -> None:
+    """NmtError naming `key` unless `path` is an existing file."""
+    if Path(path).is_dir():
+        raise NmtError(f"{key}={path}: is a directory; name a text file")
+    if not Path(path).is_file():
         raise NmtError(f"{key}={path}: no such file; name an existing text file")
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")
-    try:
-        for number, raw in enumerate(iter(stream.readline, b""), start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise NmtError(
-                    f"{name}:{number}: invalid UTF-8 ({exc.reason}); convert the input to UTF-8"
-                ) from exc
-            yield text.lstrip(BOM) if number == 1 else text
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
+
+
+def scan_text_file(path: str, key: str, errors: str) -> int:
+    """The lines of a text file, counted in one streaming pass (memory: a block of it)
+    that, with errors="strict", also checks that every line is UTF-8: the error names the
+    first bad line before any translation starts."""
+    check_text_file(path, key)
+    scan = scan_file(Path(path), chunk_lines=1 << 62, check_utf8=errors == "strict", remedy=REMEDY)
+    return scan.lines
+
+
+def read_text_lines(path: str, key: str = "input", errors: str = "strict") -> Iterator[str]:
+    """The decoded lines of a text input, raising the strict-mode error where it occurs."""
+    lines = text_lines(path, key, errors)
+    yield from lines
+    lines.check()
 
 
 class SourceEncoder(TextEncoder):
@@ -117,31 +117,36 @@ class SourceEncoder(TextEncoder):
 
 
 def text_sources(
-    path: str, encoder: SourceEncoder, chunk: int, ref_path: str | None = None
+    lines: TextLines, encoder: SourceEncoder, chunk: int, refs: AlignedLines | None = None
 ) -> Iterator[list[Source]]:
-    """Sources of a text file or stdin, `chunk` lines at a time, references zipped in."""
-    lines = read_text_lines(path)
-    refs = None if ref_path is None else AlignedLines(ref_path, "ref", path)
+    """Sources of a text file or stdin, `chunk` lines at a time, references zipped in.
+
+    In strict mode the iteration ends at a line of invalid UTF-8, after the chunk of the
+    lines before it: `lines.error()` is then the caller's to raise."""
+    stream = iter(lines)
     index = 0
-    while batch := list(itertools.islice(lines, chunk)):
+    while batch := list(itertools.islice(stream, chunk)):
         batch_refs = None if refs is None else [r.rstrip() for r in refs.take(len(batch))]
         yield encoder.encode(batch, index, batch_refs)
         index += len(batch)
-    if refs is not None:
+    if refs is not None and lines.problem is None:
         refs.check_exhausted()
 
 
 class AlignedLines:
     """The lines of a side file (references, prefixes) taken in step with the input, so
-    that a count mismatch is an error naming the file even when the input is a stream."""
+    that a count mismatch is an error naming the file even when the input is a stream.
+    Invalid UTF-8 in it is an error at once (strict) or replaced (`errors`)."""
 
-    def __init__(self, path: str, key: str, input_name: str):
+    def __init__(self, path: str, key: str, input_name: str, errors: str = "strict"):
         self.path, self.key, self.input_name = path, key, input_name
-        self.lines = read_text_lines(path, key)
+        self.text = text_lines(path, key, errors)
+        self.lines = iter(self.text)
         self.taken = 0
 
     def take(self, n: int) -> list[str]:
         got = list(itertools.islice(self.lines, n))
+        self.text.check()
         self.taken += len(got)
         if len(got) < n:
             raise NmtError(
@@ -151,7 +156,9 @@ class AlignedLines:
         return got
 
     def check_exhausted(self) -> None:
-        if next(self.lines, None) is not None:
+        more = next(self.lines, None)
+        self.text.check()
+        if more is not None:
             raise NmtError(
                 f"{self.path}: more lines than the {self.taken} of input {self.input_name}; "
                 f"{self.key}= needs one line per input line"
@@ -159,15 +166,17 @@ class AlignedLines:
 
 
 def with_prefixes(
-    chunks: Iterator[list[Source]], path: str, input_name: str
+    chunks: Iterator[list[Source]], prefixes: AlignedLines, complete: Callable[[], bool]
 ) -> Iterator[list[Source]]:
-    """The chunks with each Source's target prefix read from `path` (prefix_file)."""
-    prefixes = AlignedLines(path, "prefix_file", input_name)
+    """The chunks with each Source's target prefix taken from `prefixes` (prefix_file);
+    once they end, the prefixes must be used up too if `complete()` says the input was
+    read to its end."""
     for chunk in chunks:
         for source, prefix in zip(chunk, prefixes.take(len(chunk))):
             source.prefix = prefix
         yield chunk
-    prefixes.check_exhausted()
+    if complete():
+        prefixes.check_exhausted()
 
 
 def split_sources(
@@ -295,13 +304,16 @@ def open_output(path: str) -> Iterator[IO[str]]:
     """stdout, or a file written atomically (nmt.fsutil): a failure never leaves a
     half-written translation file behind, and a killed run's temporary is removed by the
     next run writing the same file."""
-    if path == "-":
-        yield sys.stdout
-        sys.stdout.flush()
+    if path == STDIN:
+        try:
+            yield sys.stdout
+        finally:  # what was translated before an error is shown too
+            sys.stdout.flush()
         return
     target = Path(path)
     if target.is_dir():
         raise NmtError(f"output={path}: is a directory; name a file")
+    check_text_output(target, "output", "nmt-generate")
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
     with atomic_write(target, "w") as f:

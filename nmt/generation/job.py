@@ -10,27 +10,33 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from nmt.errors import NmtError
+from nmt.fsutil import check_not_an_input
 from nmt.generation.config import GenerateConfig, search_config
 from nmt.generation.generator import Hypothesis
 from nmt.generation.io import (
+    AlignedLines,
     OutputWriter,
     Source,
     SourceEncoder,
-    count_lines,
     open_output,
     print_warning,
+    scan_text_file,
     split_sources,
+    text_lines,
     text_sources,
     with_prefixes,
 )
-from nmt.generation.translator import Translator
+from nmt.generation.translator import Translator, checkpoint_paths
 from nmt.scoring import corpus_bleu
+from nmt.textlines import STDIN, TextLines, display_name
 
 Step = Callable[[list[Source]], list[list[Hypothesis]]]
 
@@ -38,6 +44,10 @@ Step = Callable[[list[Source]], list[list[Hypothesis]]]
 def generate(cfg: GenerateConfig) -> int:
     """Run nmt-generate as `cfg` says; returns the exit code (0)."""
     cfg.validate()
+    # Everything about the inputs that can be known without the model is checked first:
+    # a mistake costs no model loading, and nothing is written before it is found.
+    check_output(cfg)
+    lines = check_text_inputs(cfg)
     translator = Translator.load(
         cfg.checkpoint,
         search_config(cfg),
@@ -57,9 +67,19 @@ def generate(cfg: GenerateConfig) -> int:
             "(dtype= will go away)",
             file=sys.stderr,
         )
-    interactive = cfg.interactive if cfg.interactive is not None else cfg.input == "-"
-    chunks, total = open_sources(cfg, translator, 1 if interactive else cfg.buffer_size)
+    interactive = cfg.interactive if cfg.interactive is not None else cfg.input == STDIN
+    inputs = open_sources(cfg, translator, 1 if interactive else cfg.buffer_size, lines)
     step = scorer(cfg, translator) if cfg.score_reference else translator_step(cfg, translator)
+    short = ShortLimits(translator, cfg.min_len)
+    if cfg.input == STDIN and sys.stdin.isatty():
+        # as fairseq-interactive and cat-like tools: say what is awaited, or the user
+        # sees a command that seems to hang
+        print(
+            "nmt-generate: reading sentences from the terminal, one per line; "
+            "Ctrl-D ends the input",
+            file=sys.stderr,
+            flush=True,
+        )
 
     n_sent = n_tokens = 0
     hyps_text: list[str] = []
@@ -68,13 +88,13 @@ def generate(cfg: GenerateConfig) -> int:
     with (
         open_output(cfg.output) as stream,
         tqdm(
-            total=total,
+            total=inputs.total,
             unit="sent",
             file=sys.stderr,
             dynamic_ncols=True,
             leave=False,
             # None: tqdm's own choice, off when stderr is not a terminal (logs stay clean)
-            disable=True if (interactive or not cfg.progress or total is None) else None,
+            disable=True if (interactive or not cfg.progress or inputs.total is None) else None,
         ) as bar,
     ):
         writer = OutputWriter(
@@ -86,7 +106,9 @@ def generate(cfg: GenerateConfig) -> int:
             flush=interactive,
             scores_only=cfg.score_reference,
         )
-        for chunk in chunks:
+        for chunk in inputs.chunks:
+            if not cfg.score_reference:
+                short.count(chunk)
             results = step(chunk)
             for src, hyps in zip(chunk, results):
                 best = writer.write(src, hyps)
@@ -96,6 +118,13 @@ def generate(cfg: GenerateConfig) -> int:
                     refs.append(src.ref)
             n_sent += len(chunk)
             bar.update(len(chunk))
+    # A stream that stopped at a line of invalid UTF-8 (strict, stdin): the lines before
+    # it are translated and written (the output file too), and only then is it an error.
+    stopped = inputs.text.error(translated(n_sent, cfg.output)) if inputs.text else None
+    if stopped is not None:
+        raise stopped
+    for note in [*inputs.notes(), *short.notes()]:
+        print_warning(note)
     elapsed = max(time.perf_counter() - start, 1e-9)
     done = "scored" if cfg.score_reference else "translated"
     what = "sentence pairs" if cfg.score_reference else "sentences"
@@ -107,6 +136,47 @@ def generate(cfg: GenerateConfig) -> int:
     if refs and len(refs) == n_sent and not cfg.score_reference:
         print(f"nmt-generate: {corpus_bleu(hyps_text, [refs]).line}", file=sys.stderr)
     return 0
+
+
+def translated(n_sent: int, output: str) -> str:
+    """What became of the lines before a stream's bad line, for its error message."""
+    lines = "line" if n_sent == 1 else "lines"
+    where = "on stdout" if output == STDIN else f"in {output}"
+    return f"the {n_sent} {lines} before it are translated {where}"
+
+
+class ShortLimits:
+    """Counts the sentences whose longest output (max_len_a * source length + max_len_b,
+    capped by the model) is below min_len: their translations end at that limit, which
+    wins over min_len (the generator forces EOS there); nmt-generate says so at the end."""
+
+    def __init__(self, translator: Translator, min_len: int):
+        self.generator, self.min_len = translator.generator, min_len
+        self.count_short = 0
+        self.first: int | None = None  # the first such sentence's line number
+
+    def count(self, chunk: list[Source]) -> None:
+        sources = [s for s in chunk if len(s.ids)]
+        if self.min_len <= 1 or not sources:  # every limit is at least 1 token
+            return
+        lengths = torch.tensor([len(s.ids) for s in sources])  # [n], EOS included
+        short = (self.generator.max_lengths(lengths) < self.min_len).tolist()
+        hits = [s.index for s, is_short in zip(sources, short) if is_short]
+        if hits and self.first is None:
+            self.first = hits[0] + 1
+        self.count_short += len(hits)
+
+    def notes(self) -> list[str]:
+        if not self.count_short:
+            return []
+        s = self.generator.search
+        return [
+            f"min_len={self.min_len}: {self.count_short} sentence(s) (the first: line "
+            f"{self.first}) allow fewer output tokens (max_len_a={s.max_len_a} x source "
+            f"length + max_len_b={s.max_len_b}, at most {self.generator.max_positions} for "
+            "this model); their translations end at that limit; raise max_len_a or "
+            "max_len_b for longer ones"
+        ]
 
 
 def translator_step(cfg: GenerateConfig, translator: Translator) -> Step:
@@ -143,13 +213,79 @@ def scorer(cfg: GenerateConfig, translator: Translator) -> Step:
     return step
 
 
+@dataclass
+class Inputs:
+    """nmt-generate's input as chunks of Sources, with what the job reports at the end."""
+
+    chunks: Iterator[list[Source]]
+    total: int | None  # lines, when known before reading (a file or a data dir split)
+    text: TextLines | None  # the text input (None for a data dir split)
+    side: list[AlignedLines] = field(default_factory=list)  # ref=, prefix_file=
+
+    def notes(self) -> list[str]:
+        """input_errors=replace: one line per text read with replaced bytes."""
+        texts = ([self.text] if self.text else []) + [s.text for s in self.side]
+        return [n for t in texts if (n := t.replacement_note()) is not None]
+
+
+def check_output(cfg: GenerateConfig) -> None:
+    """output= must not be one of the run's inputs (it would be replaced by translations)."""
+    if cfg.output == STDIN:
+        return
+    inputs = [("checkpoint", c) for c in checkpoint_paths(cfg.checkpoint)]
+    if Path(cfg.input).is_dir():  # a data dir: the files it is made of
+        inputs += [("input", str(p)) for p in Path(cfg.input).iterdir() if is_data_file(p)]
+    else:
+        inputs.append(("input", cfg.input))
+    inputs += [(key, getattr(cfg, key)) for key in ("ref", "prefix_file") if getattr(cfg, key)]
+    check_not_an_input("output", cfg.output, inputs)
+
+
+def is_data_file(path: Path) -> bool:
+    """A file nmt-preprocess writes into a data dir (a hypothesis file beside them is not)."""
+    return path.name in ("meta.json", "config.yaml") or path.suffix in DATA_SUFFIXES
+
+
+DATA_SUFFIXES = (".bin", ".idx", ".model", ".vocab")
+
+
+def check_text_inputs(cfg: GenerateConfig) -> dict[str, int]:
+    """The text files of the run (input=, ref=, prefix_file=) exist, are UTF-8 throughout
+    (input_errors=strict: the error names the file and line) and have one line per input
+    line; returns their line counts by key (no "input" for stdin or a data dir)."""
+    lines: dict[str, int] = {}
+    if cfg.split is None and cfg.input != STDIN:
+        if Path(cfg.input).is_dir():
+            raise NmtError(
+                f"input={cfg.input}: a directory; for a data dir add split=test, "
+                "otherwise name a text file"
+            )
+        lines["input"] = scan_text_file(cfg.input, "input", cfg.input_errors)
+    for key in ("ref", "prefix_file"):
+        path = getattr(cfg, key)
+        if path is None:
+            continue
+        lines[key] = scan_text_file(path, key, cfg.input_errors)
+        if "input" in lines and lines[key] != lines["input"]:
+            raise line_count_error(path, key, lines[key], lines["input"], cfg.input)
+    return lines
+
+
+def line_count_error(path: str, key: str, lines: int, total: int, input_name: str) -> NmtError:
+    return NmtError(
+        f"{path}: {lines} lines, but input {input_name} has {total}; {key}= needs one "
+        "line per input line"
+    )
+
+
 def open_sources(
-    cfg: GenerateConfig, translator: Translator, chunk: int
-) -> tuple[Iterator[list[Source]], int | None]:
-    """The input as chunks of Sources (prefixes attached), and its length when known."""
+    cfg: GenerateConfig, translator: Translator, chunk: int, lines: dict[str, int]
+) -> Inputs:
+    """The input as chunks of Sources (prefixes attached); `lines`: check_text_inputs'
+    line counts."""
     where = (
-        "stdin"
-        if cfg.input == "-"
+        display_name(STDIN)
+        if cfg.input == STDIN
         else f"{cfg.input} split {cfg.split}"
         if cfg.split
         else cfg.input
@@ -161,16 +297,28 @@ def open_sources(
         cfg.overlong,
         where,
     )
-    total: int | None
     if cfg.split is not None:
         chunks, total = _split_sources(cfg, translator, encoder, chunk)
+        inputs = Inputs(chunks, total, None)
+        if cfg.prefix_file is not None and lines["prefix_file"] != total:
+            raise line_count_error(
+                cfg.prefix_file, "prefix_file", lines["prefix_file"], total, where
+            )
     else:
-        chunks, total = _text_sources(cfg, encoder, chunk)
+        text = text_lines(cfg.input, "input", cfg.input_errors)
+        refs = None
+        if cfg.ref is not None:
+            refs = AlignedLines(cfg.ref, "ref", cfg.input, cfg.input_errors)
+        inputs = Inputs(text_sources(text, encoder, chunk, refs), lines.get("input"), text)
+        inputs.side += [refs] if refs else []
     if cfg.prefix_file is not None:
-        if total is not None:
-            _check_line_count(cfg.prefix_file, "prefix_file", total, where)
-        chunks = with_prefixes(chunks, cfg.prefix_file, where)
-    return chunks, total
+        prefixes = AlignedLines(cfg.prefix_file, "prefix_file", where, cfg.input_errors)
+        main = inputs.text  # a stream that stopped at invalid UTF-8 leaves prefixes unused
+        inputs.chunks = with_prefixes(
+            inputs.chunks, prefixes, lambda: main is None or main.problem is None
+        )
+        inputs.side.append(prefixes)
+    return inputs
 
 
 def _split_sources(
@@ -178,6 +326,7 @@ def _split_sources(
 ) -> tuple[Iterator[list[Source]], int]:
     from nmt.data.binarize import TokenArray
     from nmt.data.meta import load_meta, split_prefix
+    from nmt.data.tokenizer import check_vocab_sizes
 
     meta = load_meta(cfg.input)
     for side in ("src", "tgt"):
@@ -186,13 +335,14 @@ def _split_sources(
                 f"{cfg.input}: its {side} SentencePiece model is not the checkpoint's; "
                 "translate a data dir built for this model"
             )
+    check_vocab_sizes(cfg.input, meta, translator.src_tokenizer, translator.tgt_tokenizer)
     if cfg.split not in meta.splits:
         raise NmtError(
             f"split={cfg.split}: not in {cfg.input}; choose one of {', '.join(sorted(meta.splits))}"
         )
-    src = TokenArray(split_prefix(cfg.input, cfg.split, meta.src_lang))
+    src = TokenArray(split_prefix(cfg.input, cfg.split, meta.src_lang), meta.dtype)
     tgt_prefix = split_prefix(cfg.input, cfg.split, meta.tgt_lang)
-    tgt = TokenArray(tgt_prefix) if Path(f"{tgt_prefix}.bin").is_file() else None
+    tgt = TokenArray(tgt_prefix, meta.dtype) if Path(f"{tgt_prefix}.bin").is_file() else None
     if cfg.score_reference and tgt is None:
         raise NmtError(
             f"score_reference=true: split {cfg.split} of {cfg.input} has no {meta.tgt_lang} "
@@ -202,31 +352,3 @@ def _split_sources(
         split_sources(src, tgt, translator.src_tokenizer, translator.tgt_tokenizer, encoder, chunk),
         len(src),
     )
-
-
-def _text_sources(
-    cfg: GenerateConfig, encoder: SourceEncoder, chunk: int
-) -> tuple[Iterator[list[Source]], int | None]:
-    if cfg.input != "-" and Path(cfg.input).is_dir():
-        raise NmtError(
-            f"input={cfg.input}: a directory; for a data dir add split=test, "
-            "otherwise name a text file"
-        )
-    total: int | None = None
-    if cfg.input != "-" and Path(cfg.input).is_file():
-        total = count_lines(cfg.input)
-        if cfg.ref is not None:
-            _check_line_count(cfg.ref, "ref", total, cfg.input)
-    return text_sources(cfg.input, encoder, chunk, cfg.ref), total
-
-
-def _check_line_count(path: str, key: str, total: int, input_name: str) -> None:
-    """A side file (ref=, prefix_file=) must have a line per input line."""
-    if not Path(path).is_file():
-        raise NmtError(f"{key}={path}: no such file; name an existing text file")
-    lines = count_lines(path)
-    if lines != total:
-        raise NmtError(
-            f"{path}: {lines} lines, but input {input_name} has {total}; {key}= needs one "
-            "line per input line"
-        )

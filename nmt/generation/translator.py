@@ -30,7 +30,7 @@ from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
-from nmt.generation.config import SearchConfig, check_batching, check_nbest
+from nmt.generation.config import SearchConfig, check_batching, check_min_len, check_nbest
 from nmt.generation.encoding import (
     PieceNames,
     TextEncoder,
@@ -140,6 +140,7 @@ class Translator:
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.max_source_positions = min(m.cfg.max_source_positions for m in self.models)
         self.max_target_positions = min(m.cfg.max_target_positions for m in self.models)
+        check_min_len(self.search, self.max_source_positions, self.max_target_positions)
         self.shortlist = shortlist
         self.generator = SequenceGenerator(self.models, self.search, shortlist=shortlist)
         self.pieces = PieceNames(tgt_tokenizer)
@@ -275,6 +276,7 @@ class Translator:
         batching and lock (calls on either stay serialized), its own generator. A
         sampling search starts a random stream of its own from `search.seed`."""
         search.validate()
+        check_min_len(search, self.max_source_positions, self.max_target_positions)
         other = copy.copy(self)
         other.search = search
         other.generator = SequenceGenerator(self.models, search, shortlist=self.shortlist)

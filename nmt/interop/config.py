@@ -26,7 +26,7 @@ class ExportConfig:
     output_dir: Optional[str] = None  # CTranslate2 model directory to create (required)
     quantization: str = "none"  # weight type: none (float32), int8, int16, float16, bfloat16
     vmap: Optional[str] = None  # a shortlist file (nmt-shortlist) to ship as vmap.txt
-    overwrite: bool = False  # replace an existing output_dir (otherwise refuse)
+    overwrite: bool = False  # replace an earlier nmt-export at output_dir (never another dir)
     debug: bool = False  # full tracebacks instead of one-line errors
 
     def validate(self) -> None:
@@ -62,7 +62,7 @@ class ImportFairseqConfig:
     src_lang: Optional[str] = None  # source language; None = the checkpoint's (task.source_lang)
     tgt_lang: Optional[str] = None  # target language; None = the checkpoint's (task.target_lang)
     output: Optional[str] = None  # nmt checkpoint to write (required)
-    overwrite: bool = False  # replace an existing output file (otherwise refuse)
+    overwrite: bool = False  # replace an earlier nmt-import-fairseq output (never another file)
     debug: bool = False  # full tracebacks instead of one-line errors
 
     def validate(self) -> None:

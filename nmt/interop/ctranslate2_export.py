@@ -27,7 +27,15 @@ from torch import nn
 from nmt.data.lexical import Shortlist
 from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
-from nmt.fsutil import atomic_directory, atomic_write_bytes, atomic_write_text, remove_stale_temps
+from nmt.fsutil import (
+    OutputKind,
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_replaceable,
+    destination_lock,
+    remove_stale_temps,
+)
 from nmt.interop.config import ExportConfig
 from nmt.model.layers import (
     LearnedPositionalEmbedding,
@@ -42,6 +50,22 @@ from nmt.model.transformer import Transformer, TransformerDecoder, TransformerEn
 DECODER_START = EOS  # nmt's decoder input starts with </s>, as fairseq's
 EXPORT_INFO = "nmt_export.json"  # where the export came from (exported_from, spm files, ...)
 VMAP_FILE = "vmap.txt"  # the vocabulary map's name in a CTranslate2 model directory
+# what nmt-export writes (CTranslate2's model.bin, config.json and vocabularies, the
+# SentencePiece model(s), the vmap, nmt_export.json): overwrite=true replaces only such a
+# directory
+EXPORT_DIR = OutputKind(
+    "nmt-export directory",
+    EXPORT_INFO,
+    (
+        EXPORT_INFO,
+        "model.bin",
+        "config.json",
+        "*vocabulary.json",
+        "*vocabulary.txt",
+        "spm*.model",
+        VMAP_FILE,
+    ),
+)
 
 
 def require_ctranslate2() -> Any:
@@ -193,8 +217,10 @@ def export_ctranslate2(
 
     The directory is assembled beside `output_dir` and renamed into place
     (nmt.fsutil.atomic_directory), so an interrupted export never leaves a half-written
-    model; an existing `output_dir` is replaced only with `overwrite`. `vmap`: a
-    shortlist file (nmt-shortlist), checked against the model's vocabularies and
+    model. An existing `output_dir` is replaced only with `overwrite`, and only when it is
+    an earlier export holding nothing else (nmt.fsutil.check_replaceable); two exports to
+    one `output_dir` at a time: the second is refused (nmt.fsutil.destination_lock).
+    `vmap`: a shortlist file (nmt-shortlist), checked against the model's vocabularies and
     written as the model's vocabulary map, vmap.txt (CTranslate2's use_vmap=True).
     """
     ExportConfig(
@@ -206,11 +232,7 @@ def export_ctranslate2(
     ).validate()
     require_ctranslate2()
     output_dir = Path(output_dir)
-    if output_dir.exists() and not overwrite:
-        raise NmtError(
-            f"output_dir={output_dir}: already exists; choose another path or set "
-            "overwrite=true to replace it"
-        )
+    check_replaceable(output_dir, "output_dir", EXPORT_DIR, overwrite)  # before slow work
     from nmt.checkpoint import load_for_inference
 
     bundle = load_for_inference(checkpoint, "cpu")
@@ -260,18 +282,20 @@ def export_ctranslate2(
         },
     }
     try:
-        remove_stale_temps(output_dir)  # what a killed export left beside it
-        with atomic_directory(output_dir) as tmp:
-            spec.save(str(tmp))
-            models = {
-                spm_files["src"]: bundle.src_tokenizer.model_bytes,
-                spm_files["tgt"]: bundle.tgt_tokenizer.model_bytes,  # the same file when joint
-            }
-            for name, model_bytes in models.items():
-                atomic_write_bytes(tmp / name, model_bytes)
-            if vmap_bytes is not None:
-                atomic_write_bytes(tmp / VMAP_FILE, vmap_bytes)
-            atomic_write_text(tmp / EXPORT_INFO, json.dumps(info, indent=2) + "\n")
+        with destination_lock(output_dir, f"output_dir={output_dir}"):
+            check_replaceable(output_dir, "output_dir", EXPORT_DIR, overwrite)  # under the lock
+            remove_stale_temps(output_dir)  # what a killed export left beside it
+            with atomic_directory(output_dir) as tmp:
+                spec.save(str(tmp))
+                models = {
+                    spm_files["src"]: bundle.src_tokenizer.model_bytes,
+                    spm_files["tgt"]: bundle.tgt_tokenizer.model_bytes,  # one file when joint
+                }
+                for name, model_bytes in models.items():
+                    atomic_write_bytes(tmp / name, model_bytes)
+                if vmap_bytes is not None:
+                    atomic_write_bytes(tmp / VMAP_FILE, vmap_bytes)
+                atomic_write_text(tmp / EXPORT_INFO, json.dumps(info, indent=2) + "\n")
     except OSError as exc:
         raise NmtError(
             f"output_dir={output_dir}: could not write it ({exc.strerror or exc}); choose a "

@@ -694,15 +694,11 @@ class ImportResult:
 def import_fairseq_checkpoint(cfg: ImportFairseqConfig) -> ImportResult:
     """Convert `cfg.checkpoint` (with its dictionaries and SentencePiece model(s)) and save
     the nmt checkpoint `cfg.output` (nmt.checkpoint.save_checkpoint: atomic)."""
-    from nmt.checkpoint import save_checkpoint
+    from nmt.checkpoint import check_checkpoint_output, save_checkpoint
 
     cfg.validate()
     output = Path(str(cfg.output))
-    if output.exists() and not cfg.overwrite:
-        raise NmtError(
-            f"output={output}: already exists; choose another path or set overwrite=true "
-            "to replace it"
-        )
+    check_checkpoint_output(output, "output", "nmt-import-fairseq", "imported_from", cfg.overwrite)
     src_spm, tgt_spm = (
         (Path(cfg.spm), Path(cfg.spm))
         if cfg.spm

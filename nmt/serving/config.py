@@ -61,6 +61,7 @@ class ServeConfig(SearchConfig):
     max_request_chars: int = 10000  # characters of text in one request
     max_request_sentences: int = 128  # sentences (texts, or lines of texts) in one request
     max_body_bytes: int = 1_000_000  # request body size
+    max_beam: int = 16  # widest beam (samples per sentence) a request may ask for
     request_timeout: float = 60.0  # seconds a request may wait for its translations
     shutdown_timeout: float = 30.0  # seconds SIGTERM waits for in-flight requests
     overlong: str = "truncate"  # source longer than the model accepts: truncate or error
@@ -77,6 +78,8 @@ class ServeConfig(SearchConfig):
     def validate(self) -> None:
         """Raise NmtError naming the first option that cannot work."""
         super().validate()
+        if self.max_beam < 1:
+            raise _bad("max_beam", self.max_beam, "must be 1 or more", "e.g. 16")
         # checkpoint= / models= and every model's search (a missing checkpoint is reported
         # when serving, so that --cfg works without one)
         self.model_specs(require_checkpoint=False)
@@ -166,6 +169,12 @@ class ServeConfig(SearchConfig):
             setattr(search, key, value)
         try:
             search.validate()
+            self.check_beam(search.beam, fix="use a narrower beam, or raise max_beam")
         except NmtError as exc:
             raise NmtError(f"{where}.{exc}" if spec.search else str(exc)) from None
         return search
+
+    def check_beam(self, beam: int, fix: str = "use a narrower beam") -> None:
+        """A beam within max_beam: a request's work (and memory) grows with it."""
+        if beam > self.max_beam:
+            raise _bad("beam", beam, f"more than this server's max_beam={self.max_beam}", fix)

@@ -55,7 +55,7 @@ def router(service: Service) -> APIRouter:
         text_format = params.get("format") or "text"
         if text_format != "text":
             raise bad_request(f"format={text_format}: not supported; use format=text")
-        alternatives = _alternatives(params.get("alternatives"))
+        alternatives = _alternatives(params.get("alternatives"), service.cfg.max_beam)
         texts = [q] if isinstance(q, str) else q
         if not request_is_json(request):  # as LibreTranslate: form line ends become \n
             texts = ["\n".join(t.splitlines()) for t in texts]
@@ -103,7 +103,7 @@ async def _params(request: Request) -> dict[str, Any]:
     if request_is_json(request):
         try:
             body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8; nested too deep
             raise bad_request(f"body: not valid JSON ({exc})") from None
         if not isinstance(body, dict):
             raise bad_request("body: Invalid JSON format; send a JSON object")
@@ -126,17 +126,17 @@ def _key(params: dict[str, Any]) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
-def _alternatives(value: Any) -> int:
+def _alternatives(value: Any, max_beam: int) -> int:
+    """The alternatives asked for: n more translations need a beam of n + 1."""
     if value is None or value == "":
         return 0
     try:
         n = max(0, int(value))
     except (TypeError, ValueError):
         raise bad_request("Invalid request: alternatives parameter is not a number") from None
-    if n > ALTERNATIVES_LIMIT:
-        raise bad_request(
-            f"alternatives={n}: more than {ALTERNATIVES_LIMIT}; ask for fewer alternatives"
-        )
+    most = min(ALTERNATIVES_LIMIT, max_beam - 1)
+    if n > most:
+        raise bad_request(f"alternatives={n}: more than {most}; ask for fewer alternatives")
     return n
 
 

@@ -85,6 +85,7 @@ def router(service: Service) -> APIRouter:
                 "limits": {
                     "max_request_chars": cfg.max_request_chars,
                     "max_request_sentences": cfg.max_request_sentences,
+                    "max_beam": cfg.max_beam,
                 },
             }
         )

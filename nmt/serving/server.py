@@ -74,10 +74,6 @@ def serve(cfg: ServeConfig) -> int:
             server.should_exit = True
 
     _log_to_stderr(cfg.log_level)
-    import os
-
-    if os.environ.get("NMT_SWITCH"):
-        sys.setswitchinterval(float(os.environ["NMT_SWITCH"]))
     app = create_app(cfg, on_load_error=load_failed)
     config = uvicorn.Config(
         app,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nmt.errors import NmtError
-from nmt.generation.config import SearchConfig, check_nbest
+from nmt.generation.config import SearchConfig, check_min_len, check_nbest
 from nmt.generation.encoding import PieceNames, target_ids
 from nmt.generation.translator import TargetScore
 from nmt.serving.batching import SCORE, TRANSLATE, Closed, Job, QueueFull
@@ -101,8 +101,11 @@ class Service:
         if not given:
             return model.search
         search = dataclasses.replace(model.search, **given)
+        translator = model.translator
         try:
             search.validate()
+            check_min_len(search, translator.max_source_positions, translator.max_target_positions)
+            self.cfg.check_beam(search.beam)
         except NmtError as exc:
             raise bad_request(str(exc)) from None
         return search

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import check_checkpoint_output, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.training.checkpointing import CheckpointManager
 from nmt.training.config import BEST_METRICS, AverageConfig
@@ -46,6 +46,8 @@ def average(cfg: AverageConfig) -> AverageResult:
         output = Path(cfg.output) if cfg.output else paths[0].with_name("checkpoint_avg.pt")
     if any(output.resolve() == p.resolve() for p in inputs):
         raise NmtError(f"output={output}: is one of the inputs; write the average elsewhere")
+    # a re-run replaces its own earlier average, never a training checkpoint or other file
+    check_checkpoint_output(output, "output", "nmt-average", "averaged_from", overwrite=True)
     save_checkpoint(average_checkpoints(inputs), output)
     return AverageResult(inputs=inputs, output=output)
 

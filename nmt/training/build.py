@@ -1,12 +1,15 @@
 """build_training(cfg): everything a run needs, ready to train or to resume.
 
-In order: the config's own checks, device and precision (nmt.runtime), the process group
-under torchrun, the data, the model (the same initial weights on every rank), optimizer,
-schedule and loss scaler, then the restore from checkpoint_last.pt (or finetune_from) with
-its compatibility checks, and last the DDP wrapper and the logs.
+In order: the config's own checks, the place of save_dir, device and precision
+(nmt.runtime), the process group under torchrun, save_dir's lock (nmt.training.run_dir),
+the data (checked against its meta.json), the model (the same initial weights on every
+rank), optimizer, schedule and loss scaler, then the restore from checkpoint_last.pt (or
+finetune_from) with its compatibility checks, and last the DDP wrapper and the logs.
 """
 
 from __future__ import annotations
+
+from contextlib import ExitStack
 
 import numpy as np
 import torch
@@ -23,6 +26,7 @@ from nmt.training.data import load_train_data
 from nmt.training.logging import TrainLogger
 from nmt.training.meter import TrainMeter
 from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
+from nmt.training.run_dir import check_place, lock_run_dir
 from nmt.training.scaler import LossScaler
 from nmt.training.state import restore
 from nmt.training.trainer import Progress, Trainer
@@ -33,6 +37,7 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
     when None). Resumes from <save_dir>/checkpoint_last.pt when it exists."""
     cfg.validate()
     env = env or distributed.env_from_environ()
+    check_place(cfg)
     rt = runtime.setup(
         cfg.device,
         cfg.precision,
@@ -41,6 +46,17 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         distributed=env.is_distributed,
     )
     distributed.init_process_group(env, rt.device, cfg.ddp_timeout)
+    run_lock, notes = lock_run_dir(cfg, env)  # before anything is written or deleted
+    try:
+        return _build(cfg, env, rt, run_lock, notes)
+    except BaseException:
+        run_lock.close()
+        raise
+
+
+def _build(
+    cfg: TrainConfig, env: DistEnv, rt: runtime.Runtime, run_lock: ExitStack, notes: list[str]
+) -> Trainer:
     data = load_train_data(cfg)
     model = build_model(cfg, data.meta, rt.device, env.rank)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
@@ -87,7 +103,7 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         tensorboard=cfg.tensorboard,
         start_update=progress.num_updates,
     )
-    for line in data.notes + ([restored] if restored else []):
+    for line in notes + data.notes + ([restored] if restored else []):
         logger.message(line)
     return Trainer(
         cfg=cfg,
@@ -105,6 +121,7 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         logger=logger,
         meter=TrainMeter(rt.device, cfg.precision),
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
+        run_lock=run_lock,
     )
 
 

@@ -6,29 +6,29 @@ Files in the run dir:
     checkpoint_<epoch>_<update>.pt     at epoch ends and every save_interval_updates;
                                        the newest keep_last are kept
     checkpoint.best_<metric>_<v>.pt    the keep_best best validations
-The state is serialised once (atomically, by nmt.checkpoint.save_checkpoint); the other
-names are hard links to that file, put in place by an atomic rename as well, so a kill at
-any moment leaves every name pointing at a complete checkpoint. Temporaries follow
+The state is serialised once (atomically, by nmt.checkpoint.save_checkpoint) into
+checkpoint_last.pt; the other names of that save are copies of it (nmt.fsutil.atomic_copy:
+in the kernel, a reflink where the file system shares extents), put in place by an atomic
+rename as well. Every name is a file of its own, never a hard link or a symlink, so that
+writing one in place (`cp checkpoint_1_50.pt checkpoint_last.pt`) changes no other, and a
+kill at any moment leaves every name holding a complete checkpoint. Temporaries follow
 nmt.fsutil's naming (`.<name>.<random>.tmp`); the next run removes what a kill left.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
-import secrets
-import shutil
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from nmt.checkpoint import save_checkpoint
+from nmt.checkpoint import save_checkpoint, write_failure_hint
 from nmt.errors import NmtError
-from nmt.fsutil import TMP_SUFFIX, fsync_dir, remove_stale_temps
+from nmt.fsutil import TMP_SUFFIX, atomic_copy, remove_stale_temps
 
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
@@ -143,20 +143,6 @@ class BestTracker:
             self.bad_validations = int(state["bad_validations"])
 
 
-def _link_atomic(src: Path, dst: Path) -> None:
-    """Make `dst` a complete copy of `src` (hard link, or copy) via a temp name and rename."""
-    tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}{TMP_SUFFIX}")  # fsutil's naming
-    try:
-        try:
-            os.link(src, tmp)
-        except OSError:  # file systems without hard links
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 class CheckpointManager:
     """Writes last/best/numbered checkpoints of a run dir and prunes the old ones."""
 
@@ -202,12 +188,11 @@ class CheckpointManager:
                 if self.keep_best > 0:
                     written.append(self.best_k_path(best_value))
             for path in written[1:]:
-                _link_atomic(self.last_path, path)
-            fsync_dir(self.save_dir)
+                atomic_copy(self.last_path, path)
         except OSError as exc:
             raise NmtError(
                 f"{self.save_dir}: could not write checkpoint files ({exc.strerror or exc}); "
-                f"{LAST} is complete"
+                f"{LAST} is complete: {write_failure_hint(exc)}"
             ) from exc
         self.prune()
         return written

@@ -106,7 +106,7 @@ class TrainConfig:
     # split of the data dir to train on, or several mixed with weights, {split: weight}:
     # each epoch takes weight x size pairs of each (2 = every pair twice, 0.5 = a random half)
     train_split: Any = "train"
-    valid_split: str = "valid"  # split to validate on; "" = no validation
+    valid_split: Optional[str] = "valid"  # split to validate on; null (or "") = no validation
     valid_max_pairs: int = 0  # validate on the first N pairs of valid_split; 0 = all
 
     # --- model and optimizer (config groups) ---
@@ -156,6 +156,9 @@ class TrainConfig:
     reset_optimizer: bool = False  # resume weights and counters, but a fresh optimizer
     reset_lr_scheduler: bool = False  # restart the lr schedule from its first step
     reset_dataloader: bool = False  # restart the data from epoch 1, position 0
+    # train on a data dir that differs from its meta.json (a swapped SentencePiece model) or
+    # from the data the checkpoint was trained on (resume, finetune_from), with a note
+    reset_data_check: bool = False
     finetune_from: Optional[str] = None  # a checkpoint whose weights start a new run
 
     # --- logging ---

@@ -36,7 +36,8 @@ from nmt.data.dataset import ConcatSequences, PairDataset, load_pair_dataset, op
 from nmt.data.meta import DataMeta, load_meta
 from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
-from nmt.training.config import TrainConfig
+from nmt.training.config import TrainConfig, setting
+from nmt.training.identity import checked_tokenizers, read_splits, split_counts
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class TrainData:
     seed: int
     max_positions: tuple[int, int]  # the model's (source, target) positions
     data_dir: str = ""
+    read_splits: list[str] = field(default_factory=list)  # train corpora and valid split
     notes: list[str] = field(default_factory=list)
     _epoch_shards: tuple[int, ...] = ()
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
@@ -97,7 +99,9 @@ class TrainData:
         sides: list[list[Any]] = [[], []]
         for corpus, k in zip(self.corpora, shards):
             for side, lang in zip(sides, (meta.src_lang, meta.tgt_lang)):
-                side.append(open_side(self.data_dir, corpus.shards[k], lang, corpus.split))
+                side.append(
+                    open_side(self.data_dir, corpus.shards[k], lang, corpus.split, meta.dtype)
+                )
         src, tgt = (s[0] if len(s) == 1 else ConcatSequences(s) for s in sides)
         name = "+".join(
             c.split + (f"[shard {k + 1}/{len(c.shards)}]" if len(c.shards) > 1 else "")
@@ -167,6 +171,7 @@ class TrainData:
             "joint_vocab": meta.joint_vocab,
             "special_ids": dict(meta.special_ids),
             "normalization": dict(meta.normalization),
+            "splits": split_counts(meta, self.read_splits),
         }
 
 
@@ -195,16 +200,8 @@ def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
             f"{meta_json}: special_ids {meta.special_ids} differ from nmt's {SPECIAL_IDS}; "
             "rebuild the data dir with nmt-preprocess"
         )
-    tokenizer_bytes = {}
-    for side in ("src", "tgt"):
-        path = meta.tokenizer_file(cfg.data, side)
-        try:
-            tokenizer_bytes[side] = path.read_bytes()
-        except OSError as exc:
-            raise NmtError(
-                f"{path}: cannot read the tokenizer named in {meta_json} "
-                f"({exc.strerror}); rebuild the data dir"
-            ) from exc
+    notes: list[str] = []
+    src_tokenizer, tgt_tokenizer = checked_tokenizers(cfg, meta, notes)
     corpora = []
     for split, weight in cfg.train_weights().items():
         if split not in meta.splits:
@@ -216,7 +213,7 @@ def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
     m = cfg.model
     data = TrainData(
         meta=meta,
-        tokenizer_bytes=tokenizer_bytes,
+        tokenizer_bytes={"src": src_tokenizer.model_bytes, "tgt": tgt_tokenizer.model_bytes},
         corpora=corpora,
         train=PairDataset(_NO_SENTENCES, _NO_SENTENCES),  # opened by load_epoch
         train_indices=None,
@@ -228,14 +225,19 @@ def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
         seed=cfg.seed,
         max_positions=(m.max_source_positions, m.max_target_positions),
         data_dir=str(cfg.data),
+        read_splits=read_splits(cfg),
+        _tgt_tokenizer=tgt_tokenizer,
     )
-    data.load_epoch(epoch)
-    if cfg.valid_split and cfg.valid_split in meta.splits:
-        _load_valid(data, cfg)
-    elif cfg.valid_split:
-        data.notes.append(
-            f"valid: the data dir has no {cfg.valid_split!r} split; validation is off"
+    if cfg.valid_split and cfg.valid_split not in meta.splits:
+        raise NmtError(
+            f"{setting('valid_split', cfg.valid_split)}: {meta_json} has no such split (it "
+            f"has {', '.join(sorted(meta.splits))}); choose one of them, or set "
+            "valid_split=null to train without validation"
         )
+    data.load_epoch(epoch)
+    data.notes[:0] = notes
+    if cfg.valid_split:
+        _load_valid(data, cfg, cfg.valid_split)
     return data
 
 
@@ -268,18 +270,19 @@ def _filter_train(
     return kept.kept, notes
 
 
-def _load_valid(data: TrainData, cfg: TrainConfig) -> None:
+def _load_valid(data: TrainData, cfg: TrainConfig, split: str) -> None:
     """The valid split (its first valid_max_pairs pairs) must fit the model whole: its line
     numbers are the raw file's."""
     m = cfg.model
-    info = data.meta.splits[cfg.valid_split]
+    info = data.meta.splits[split]
     valid = load_pair_dataset(
         cfg.data,
-        cfg.valid_split,
+        split,
         data.meta.src_lang,
         data.meta.tgt_lang,
         shards=info.shards,
         limit=cfg.valid_max_pairs or None,
+        dtype=data.meta.dtype,
     )
     too_long = (valid.src_sizes > m.max_source_positions) | (
         valid.tgt_sizes > m.max_target_positions
@@ -294,7 +297,7 @@ def _load_valid(data: TrainData, cfg: TrainConfig) -> None:
         )
     if cfg.valid_max_pairs and info.kept > cfg.valid_max_pairs:
         data.notes.append(
-            f"valid: the first {len(valid)} of {info.kept} pairs of {cfg.valid_split} "
+            f"valid: the first {len(valid)} of {info.kept} pairs of {split} "
             f"(valid_max_pairs={cfg.valid_max_pairs})"
         )
     indices = np.arange(len(valid), dtype=np.int64)

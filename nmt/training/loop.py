@@ -34,8 +34,11 @@ class TrainResult:
 class StopSignals:
     """SIGINT/SIGTERM ask the loop to finish its update, save checkpoint_last and stop.
 
-    A second signal of the same kind acts as it normally would (Ctrl-C twice aborts now;
-    the checkpoint files stay complete because every write is atomic).
+    A second Ctrl-C (SIGINT) acts as it normally would: it aborts now (the checkpoint files
+    stay complete because every write is atomic). A repeated SIGTERM is only noted: job
+    schedulers and launchers send it more than once (Slurm signals every process of the
+    job step and torchrun forwards its own), and the save must not be cut short by an echo;
+    a scheduler that will not wait sends SIGKILL after its grace period anyway.
     """
 
     def __init__(self, notify) -> None:
@@ -50,11 +53,18 @@ class StopSignals:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGTERM:
+            self._notify("SIGTERM again: still saving checkpoint_last.pt, then stopping")
+            return
         self.received = signum
-        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        if signum == signal.SIGINT:
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            again = " (Ctrl-C again to stop at once)"
+        else:
+            again = ""
         self._notify(
             f"{signal.Signals(signum).name}: finishing this update, then saving "
-            "checkpoint_last.pt (send it again to stop at once)"
+            f"checkpoint_last.pt{again}"
         )
 
     def __exit__(self, *exc: Any) -> None:
@@ -76,13 +86,14 @@ def run(t: Trainer) -> TrainResult:
             raise distributed.peer_error(exc, t.env, where) from exc
         raise
     finally:
-        t.logger.close()
-        # DDP's reducer holds the process group: release it first, so that nothing of the
-        # group outlives destroy_process_group (to be torn down at interpreter exit, while
-        # the peers' connections close). After a clean end, wait for every rank before
-        # leaving the job; after a failure, for nobody (a peer may be gone).
-        t.ddp = None
-        distributed.destroy_process_group(wait_for_peers=finished)
+        with t.run_lock:  # released last: the run has stopped writing into save_dir
+            t.logger.close()
+            # DDP's reducer holds the process group: release it first, so that nothing of
+            # the group outlives destroy_process_group (to be torn down at interpreter exit,
+            # while the peers' connections close). After a clean end, wait for every rank
+            # before leaving the job; after a failure, for nobody (a peer may be gone).
+            t.ddp = None
+            distributed.destroy_process_group(wait_for_peers=finished)
 
 
 def prepare_run_dir(t: Trainer) -> None:

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nmt import distributed
-from nmt.checkpoint import build_checkpoint, load_checkpoint, tensor_to_bytes
+from nmt.checkpoint import build_checkpoint, load_checkpoint
 from nmt.errors import NmtError
 from nmt.training.checkpointing import BestTracker, rng_state, set_rng_state
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
+from nmt.training.identity import check_checkpoint_data
 from nmt.training.optim import LRScheduler
 from nmt.training.scaler import LossScaler
 
@@ -60,10 +61,15 @@ def checkpoint(t: Trainer) -> dict[str, Any]:
 
 
 def check_compatible(
-    ckpt: dict[str, Any], path: Path, what: str, cfg: TrainConfig, data: TrainData
+    ckpt: dict[str, Any],
+    path: Path,
+    what: str,
+    cfg: TrainConfig,
+    data: TrainData,
+    resuming: bool = True,
 ) -> None:
-    """The checkpoint's model and vocabulary must be the ones configured now; `what` says
-    what to do otherwise."""
+    """The checkpoint's model and data must be the ones configured now (nmt.training.
+    identity); `what` says what to do otherwise."""
     saved, current = ckpt["model_config"], asdict(cfg.model)
     for key in sorted(set(saved) | set(current)):
         if key not in RESUMABLE_MODEL_CHANGES and saved.get(key) != current.get(key):
@@ -71,19 +77,16 @@ def check_compatible(
                 f"{path}: was trained with model.{key}={saved.get(key)!r} but the config "
                 f"says {current.get(key)!r}; {what}"
             )
-    info = ckpt.get("data", {})
-    for key in ("src_vocab_size", "tgt_vocab_size"):
-        if info.get(key) != getattr(data.meta, key):
-            raise NmtError(
-                f"{path}: {key} {info.get(key)} differs from {cfg.data}'s "
-                f"{getattr(data.meta, key)}; {what}"
-            )
-    toks = ckpt.get("tokenizers", {})
-    for side in ("src", "tgt"):
-        if side in toks and tensor_to_bytes(toks[side]) != data.tokenizer_bytes[side]:
-            raise NmtError(
-                f"{path}: its {side} tokenizer differs from the one in {cfg.data}; {what}"
-            )
+    check_checkpoint_data(
+        ckpt,
+        path,
+        cfg,
+        data.meta,
+        data.tokenizer_bytes,
+        resuming=resuming,
+        remedy=what,
+        notes=data.notes,
+    )
 
 
 def restore(
@@ -107,7 +110,11 @@ def restore(
     if last.exists():
         ckpt = load_checkpoint(last, map_location="cpu")
         check_compatible(
-            ckpt, last, "use the same settings to resume, or another save_dir", cfg, data
+            ckpt,
+            last,
+            "resume with the same model settings and data dir, or use another save_dir",
+            cfg,
+            data,
         )
         train_state = ckpt.get("train_state")
         if train_state is None:
@@ -126,7 +133,9 @@ def restore(
     if cfg.finetune_from:
         path = Path(cfg.finetune_from)
         ckpt = load_checkpoint(path, map_location="cpu")
-        check_compatible(ckpt, path, "finetune with the same model and vocabulary", cfg, data)
+        check_compatible(
+            ckpt, path, "finetune with the same model and vocabulary", cfg, data, resuming=False
+        )
         model.load_state_dict(ckpt["model"])
         return f"starting from the weights of {path} (fresh optimizer and counters)"
     return None

@@ -12,7 +12,8 @@ The methods below are the seams tests and benchmarks use (and may patch).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,8 @@ class Trainer:
     oom_skips: int = 0  # updates dropped because a batch ran out of memory
     ooms_in_a_row: int = 0
     last_saved_update: int = -1  # num_updates of the latest checkpoint_last.pt
+    # save_dir's lock (nmt.training.run_dir), held from build_training to the end of run()
+    run_lock: ExitStack = field(default_factory=ExitStack)
 
     @property
     def device(self) -> torch.device:
@@ -71,6 +74,10 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train until a stopping rule fires; always leaves a resumable checkpoint_last.pt."""
         return loop.run(self)
+
+    def close(self) -> None:
+        """Release save_dir's lock without running (run() releases it when it ends)."""
+        self.run_lock.close()
 
     def train_step(self, group: list[np.ndarray]) -> None:
         """One optimizer update from `group` (all ranks' batches of this update)."""

@@ -83,6 +83,12 @@ def test_ctranslate2_cuda_build_translates_as_nmt_does(trained_checkpoint, tmp_p
     want = ours.translate_batch(SENTENCES, return_scores=True)
     tok = Tokenizer.from_file(tmp_path / "ct2" / "spm.model")
     ct2 = ctranslate2.Translator(str(tmp_path / "ct2"), device="cuda", compute_type="float32")
+    try:
+        ct2.translate_batch([tok.encode_as_pieces(SENTENCES[0])], max_decoding_length=2)
+    except RuntimeError as exc:  # e.g. 4.x's libcublas.so.12 beside a CUDA 13 torch
+        if "not found or cannot be loaded" not in str(exc):
+            raise
+        pytest.skip(f"this ctranslate2 cannot run on CUDA here: {exc}")
     got = ct2.translate_batch(
         [tok.encode_as_pieces(s) for s in SENTENCES],
         beam_size=4,

@@ -7,8 +7,6 @@ seconds; both are bounded by subprocess timeouts and never hang.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,7 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import NO_DROPOUT, last_params, run_training, tiny_config
+from helpers import (
+    NO_DROPOUT,
+    assert_bitwise_equal,
+    last_params,
+    outputs_of,
+    rank_env,
+    rendezvous_store,
+    run_training,
+    tiny_config,
+    torchrun_standalone,
+)
 
 from nmt.checkpoint import load_checkpoint
 from nmt.distributed import DistEnv, env_from_environ
@@ -26,25 +34,9 @@ from nmt.training import build_training
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TESTS = Path(__file__).resolve().parents[1]  # tests/helpers.py, for the worker processes
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(
-        OMP_NUM_THREADS="1", PYTHONPATH=f"{TESTS}{os.pathsep}{env.get('PYTHONPATH', '')}", **extra
-    )
-    return env
-
 
 def _events(save_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (save_dir / "train.jsonl").read_text().splitlines()]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_env_from_environ():
@@ -74,34 +66,23 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
     """)
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(worker),
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    failure = torchrun_standalone([str(worker)], tmp_path / "logs", timeout=300)
+    assert failure is None, failure
     run_training(
         tiny_config(demo_data_dir, tmp_path / "single", update_freq=2, model=NO_DROPOUT, **common)
     )
-    ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
-    assert ddp.keys() == single.keys()
-    worst = max(float((ddp[k] - single[k]).abs().max()) for k in ddp)
-    assert worst <= 1e-6
+    # Bitwise, on any CPU: each rank computes its batch's gradients as the single process
+    # does (the same operations on the same shapes), and two ranks' all-reduce adds two
+    # numbers (a + b == b + a exactly) as the accumulation does; DDP's division by the world
+    # size and nmt's loss weight world_size / tokens are powers of two apart, exact in fp32.
+    single = last_params(tmp_path / "single")
+    assert_bitwise_equal(last_params(tmp_path / "ddp"), single)
     valid = [
         [e for e in _events(tmp_path / run) if e["type"] == "valid"][-1]
         for run in ("ddp", "single")
     ]
-    assert valid[0]["loss"] == pytest.approx(valid[1]["loss"], abs=1e-5)
+    # the same fp32 batch losses, summed in float64 in another association: gamma(n, 2**-53)
+    assert valid[0]["loss"] == pytest.approx(valid[1]["loss"], rel=1e-12, abs=0)
     assert valid[0]["ntokens"] == valid[1]["ntokens"] and valid[0]["bleu"] == pytest.approx(
         valid[1]["bleu"]
     )
@@ -140,15 +121,8 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
     """)
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        + [str(worker)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    failure = torchrun_standalone([str(worker)], tmp_path / "logs", timeout=300)
+    assert failure is None, failure
     real_forward, calls = Transformer.forward, []
 
     def forward(self, *args, **kwargs):
@@ -169,8 +143,8 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
     }
     assert ooms == {"ddp": [(3, 1)], "single": [(3, 1)]}
     assert [e["ranks"] for e in _events(tmp_path / "ddp") if e["type"] == "oom"] == [1]
-    ddp, single = last_params(tmp_path / "ddp"), last_params(tmp_path / "single")
-    assert max(float((ddp[k] - single[k]).abs().max()) for k in ddp) <= 1e-6
+    # bitwise, as in test_two_gloo_ranks_equal_one_rank_with_update_freq_2
+    assert_bitwise_equal(last_params(tmp_path / "ddp"), last_params(tmp_path / "single"))
     states = [
         load_checkpoint(tmp_path / run / "checkpoint_last.pt")["train_state"]
         for run in ("ddp", "single")
@@ -184,9 +158,10 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
 
 
 def start_ranks_with_a_faulty_rank_1(
-    demo_data_dir: Path, tmp_path: Path, fault: str, imports: str = ""
+    demo_data_dir: Path, tmp_path: Path, port: int, fault: str, imports: str = ""
 ) -> list[subprocess.Popen]:
-    """Start 2 gloo ranks of a tiny nmt-train; rank 1 runs `fault` when its 3rd update starts.
+    """Start 2 gloo ranks of a tiny nmt-train meeting at the rendezvous_store on `port`;
+    rank 1 runs `fault` when its 3rd update starts.
 
     `fault` is one statement (it may use `os`); `imports` adds import lines to the worker.
     """
@@ -212,20 +187,13 @@ def start_ranks_with_a_faulty_rank_1(
                        "model.decoder_layers=1", "model.attention_heads=2"])
     """)
     )
-    port = str(_free_port())
     return [
         subprocess.Popen(
             [sys.executable, str(worker)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_env(
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port,
-            ),
+            env=rank_env(port, r),
         )
         for r in range(2)
     ]
@@ -233,12 +201,9 @@ def start_ranks_with_a_faulty_rank_1(
 
 def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_path):
     # os._exit: a crash with no cleanup and no goodbye to the other rank
-    procs = start_ranks_with_a_faulty_rank_1(demo_data_dir, tmp_path, "os._exit(3)")
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    with rendezvous_store() as port:
+        procs = start_ranks_with_a_faulty_rank_1(demo_data_dir, tmp_path, port, "os._exit(3)")
+        outs = outputs_of(procs, timeout=120)
     assert procs[1].returncode == 3
     assert procs[0].returncode == 2, outs[0][1][-2000:]
     last = outs[0][1].strip().splitlines()[-1]

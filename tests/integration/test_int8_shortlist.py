@@ -137,6 +137,10 @@ def test_the_shortlist_goes_into_the_ctranslate2_export(model, shortlist, tmp_pa
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
     result = translator.translate_batch([["▁one", "▁hundred", "."]], use_vmap=True)
     assert result[0].hypotheses[0]
+    # vmap.txt is the export's own file: overwrite=true replaces such an export, and the
+    # new one (no vmap=) does not keep the old vocabulary map
+    main("export", [f"checkpoint={model}", f"output_dir={out}", "overwrite=true"])
+    assert (out / "nmt_export.json").is_file() and not (out / "vmap.txt").exists()
 
 
 def _cli(command: str, *args: str) -> subprocess.CompletedProcess:

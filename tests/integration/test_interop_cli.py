@@ -106,15 +106,23 @@ def test_nmt_export_refuses_an_existing_output_dir(nmt_cli, checkpoint, tmp_path
     out = tmp_path / "ct2"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
+    for extra in ([], ["overwrite=true"]):  # not an export: never replaced
+        code, _, err = nmt_cli("export", f"checkpoint={checkpoint}", f"output_dir={out}", *extra)
+        one_line_error(
+            code, err, "export", f"output_dir={out}: holds 1 file and is not an nmt-export"
+        )
+        assert (out / "mine.txt").read_text() == "keep"
+    (out / "mine.txt").unlink()
     code, _, err = nmt_cli("export", f"checkpoint={checkpoint}", f"output_dir={out}")
-    one_line_error(code, err, "export", f"output_dir={out}: already exists", "overwrite=true")
-    assert (out / "mine.txt").read_text() == "keep"
+    assert code == 0, err  # an empty directory is filled
+    code, _, err = nmt_cli("export", f"checkpoint={checkpoint}", f"output_dir={out}")
+    one_line_error(code, err, "export", f"output_dir={out}: an nmt-export directory already")
     code, _, err = nmt_cli(
         "export", f"checkpoint={checkpoint}", f"output_dir={out}", "overwrite=true"
     )
     assert code == 0, err
-    assert (out / "model.bin").is_file() and not (out / "mine.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # no temporaries left
+    assert (out / "model.bin").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # no temporaries or locks left
 
 
 @pytest.mark.parametrize(
@@ -155,11 +163,18 @@ def test_nmt_import_fairseq_refuses_a_pickle_that_runs_code(nmt_cli, tmp_path):
 def test_nmt_import_fairseq_keeps_an_existing_output(nmt_cli, tmp_path):
     out = tmp_path / "imported.pt"
     out.write_bytes(b"precious")
-    code, _, err = nmt_cli(
-        "import_fairseq", f"checkpoint={tmp_path / 'none.pt'}", "spm=j.model", f"output={out}"
-    )
-    one_line_error(code, err, "import-fairseq", f"output={out}: already exists", "overwrite=true")
-    assert out.read_bytes() == b"precious"
+    for extra in ([], ["overwrite=true"]):  # not an import: never replaced
+        code, _, err = nmt_cli(
+            "import_fairseq",
+            f"checkpoint={tmp_path / 'none.pt'}",
+            "spm=j.model",
+            f"output={out}",
+            *extra,
+        )
+        one_line_error(
+            code, err, "import-fairseq", f"output={out}: exists and is not an nmt checkpoint"
+        )
+        assert out.read_bytes() == b"precious"
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,18 @@
 """nmt-preprocess as a command: configs/preprocess.yaml and overrides compose into the
 PreprocessConfig a library user gets by default, and the command writes exactly the data
-dir that `nmt.data.build_data_dir` writes (API == CLI)."""
+dir that `nmt.data.build_data_dir` writes (API == CLI); on a terminal it shows progress
+bars with the rate and the time left."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
 from pathlib import Path
 
 from nmt.cli import compose_config, to_dataclass
@@ -73,3 +82,49 @@ def test_the_command_writes_what_the_library_writes(
     assert "nmt-preprocess: training a bpe SentencePiece model of 200 pieces" in out
     assert printed[-1] == f"nmt-preprocess: wrote {tmp_path / 'out'}"
     assert sum(p.startswith("  ") for p in printed) == len(report.meta.splits) == 3
+
+
+def _stderr_on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """Run a command with stderr on a pseudo-terminal of 120 columns (a real one: tqdm
+    shows its bars only on a terminal); returns the exit code and what stderr showed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    shown = bytearray()
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the command has closed the terminal
+            break
+        if not data:
+            break
+        shown += data
+    os.close(master)
+    return proc.wait(timeout=300), shown.decode("utf-8", "replace")
+
+
+def test_progress_bars_show_the_rate_and_the_time_left_on_a_terminal(
+    demo_corpus: Path, tmp_path: Path
+) -> None:
+    """On a terminal nmt-preprocess shows a bar while scanning (bytes) and one while
+    encoding, with pairs/s and the time left; in a pipe or a log file, no bar."""
+    command = Path(sys.executable).parent / "nmt-preprocess"
+    args = [
+        f"data.trainpref={demo_corpus / 'train'}",  # 10,000 pairs
+        "data.validpref=null",
+        "data.testpref=[]",
+        "chunk_lines=200",
+        "workers=1",
+    ]
+    code, shown = _stderr_on_a_terminal([str(command), *args, f"data.dest={tmp_path / 'a'}"])
+    assert code == 0, shown
+    updates = shown.replace("\r", "\n").splitlines()
+    assert any(u.startswith("scanning:") and "B/s" in u for u in updates), shown
+    # e.g. "encoding:  45%|████▌     | 4.50k/10.0k [00:00<00:00, 6.82k pairs/s, train]"
+    timed = re.compile(r"^encoding: .*\| [\d.]+k?/10\.0k \[\d\d:\d\d<\d\d:\d\d, *[\d.]+k? pairs/s")
+    assert any(timed.match(u) for u in updates), shown
+    piped = subprocess.run(
+        [str(command), *args, f"data.dest={tmp_path / 'b'}"], capture_output=True, text=True
+    )
+    assert piped.returncode == 0 and "encoding:" not in piped.stderr, piped.stderr

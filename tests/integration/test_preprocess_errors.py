@@ -193,7 +193,7 @@ def test_the_old_name_of_clean_max_pieces_gets_a_hint(nmt_cli, corpus_args, tmp_
         ("chunk_lines=-5", "chunk_lines=-5: must be 1 or more;"),
         ("data.tgt=en", "data.tgt=en: the same language as data.src; give two different"),
         ("data.src=e/n", "data.src='e/n': not a language suffix; give one such as en"),
-        ("spm.vocab_size=0", "spm.vocab_size=0: must be 1 or more; use about"),
+        ("spm.vocab_size=0", "spm.vocab_size=0: too small; SentencePiece needs more than 4"),
         ("spm.num_threads=0", "spm.num_threads=0: must be 1 or more; use"),
         ("spm.input_sentence_size=-1", "spm.input_sentence_size=-1: must not be negative; use 0"),
         ("spm.character_coverage=0", "spm.character_coverage=0.0: must be in (0, 1]; use 1.0"),

@@ -4,12 +4,12 @@ data dir stays whole, and the next run removes the temporary the killed one left
 from __future__ import annotations
 
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+
+from helpers import kill_9_when
 
 from nmt.data import build_data_dir
 from nmt.data.meta import load_meta
@@ -36,15 +36,7 @@ def test_kill_9_while_replacing_a_data_dir_keeps_the_old_one(preprocess_config, 
         build.build_data_dir(pickle.loads({pickle.dumps(cfg)!r}))
     """)
     proc = subprocess.Popen([sys.executable, "-c", killed])
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        proc.kill()
+    kill_9_when(proc, ready.exists, timeout=120)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     leftover = stale_temps(out)
     assert len(leftover) == 1 and (leftover[0] / "train.de.bin").is_file()

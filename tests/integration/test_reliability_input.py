@@ -292,7 +292,7 @@ def test_text_input_is_consumed_lazily(ckpt, monkeypatch):
     import io
 
     from nmt.checkpoint import load_for_inference
-    from nmt.generation.io import SourceEncoder, text_sources
+    from nmt.generation.io import SourceEncoder, text_lines, text_sources
 
     reads = 0
 
@@ -306,7 +306,7 @@ def test_text_input_is_consumed_lazily(ckpt, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(CountingStdin(data)))
     bundle = load_for_inference(ckpt)
     encoder = SourceEncoder(bundle.src_tokenizer, False, 1024, "truncate", "stdin")
-    chunks = text_sources("-", encoder, chunk=100)
+    chunks = text_sources(text_lines("-", "input", "strict"), encoder, chunk=100)
     first = next(chunks)
     assert len(first) == 100 and reads <= 101
     assert sum(len(c) for c in chunks) == 20_000 - 100

@@ -1,6 +1,7 @@
 """The web page in a real headless browser: Debian's chromium, driven by selenium with the
 system's chromedriver (nothing downloaded). It types a sentence, clicks Translate, and
-checks that the translation and its cross-attention heatmap appear."""
+checks that the translation and its cross-attention heatmap appear, then asks for an
+n-best list with scores."""
 
 from __future__ import annotations
 
@@ -79,3 +80,21 @@ def test_type_click_see_the_translation_and_its_heatmap(server, browser, tmp_pat
     assert len(set(shaded)) > 1  # the weights show as different shades
     status = browser.find_element(By.ID, "status").text
     assert status.startswith("Translated by en-de"), status
+
+    # n-best with scores, on request: three translations, best first, each with its score
+    nbest = httpx.post(
+        f"{server.url}/v1/translate", json={"texts": [sentence], "nbest": 3, "return_scores": True}
+    ).json()["results"][0]["translations"]
+    field = browser.find_element(By.ID, "nbest")
+    field.clear()
+    field.send_keys("3")
+    browser.find_element(By.ID, "scores").click()
+    browser.find_element(By.ID, "translate").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".result li.translation")) == 3)
+    items = browser.find_elements(By.CSS_SELECTOR, ".result li.translation")
+    assert "best" in items[0].get_attribute("class").split()
+    for item, want_one in zip(items, nbest):
+        shown = item.find_element(By.CSS_SELECTOR, ".score").text
+        text = item.get_attribute("textContent")
+        assert text[: len(text) - len(shown)].strip() == want_one["text"].strip()
+        assert abs(float(shown) - want_one["score"]) <= 0.0005 + 1e-9  # shown with 3 decimals

@@ -160,6 +160,19 @@ def test_bad_input_is_refused_and_stalls_nobody(server, lines, offline):
                 )
                 assert answer.status_code == status and "error" in answer.json(), answer.text
             assert client.post("/v1/translate", json={"texts": [1]}).status_code == 422
+            for body, needle in (  # values no search can take: one line each, no 500
+                ({"texts": ["one"], "beam": 10**6}, "beam=1000000: more than"),
+                ({"texts": ["one"], "sampling": True, "seed": 10**30}, "out of range"),
+                ({"texts": ["one"], "max_len_a": 1e308, "lenpen": 1e308}, "lenpen="),
+            ):
+                refused = client.post("/v1/translate", json=body)
+                assert refused.status_code == 400 and needle in refused.json()["error"]
+            deep = client.post(
+                "/translate",
+                content=b"[" * 100_000 + b"]" * 100_000,
+                headers={"Content-Type": "application/json"},
+            )
+            assert deep.status_code == 400 and "not valid JSON" in deep.json()["error"]
             many = client.post("/v1/translate", json={"texts": ["one"] * 17})
             assert many.status_code == 413 and "17 sentences" in many.json()["error"]
             huge = client.post("/translate", content=b"x" * 2_000_000)
@@ -190,8 +203,12 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(checkpoint, lines):
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
+    queued = re.compile(r'^nmt_serve_queue_sentences\{model="en-de"\} (\S+)$', re.M)
     while time.monotonic() < deadline:  # all eight in flight (and this /metrics request)
-        if "nmt_serve_in_flight 9.0" in httpx.get(f"{slow.url}/metrics").text:
+        text = httpx.get(f"{slow.url}/metrics").text
+        waiting = queued.search(text)
+        # ... and sentences waiting for a batch of 4 (the queue depth metric sees them)
+        if "nmt_serve_in_flight 9.0" in text and waiting and float(waiting.group(1)) > 0:
             break
         time.sleep(0.01)
     else:

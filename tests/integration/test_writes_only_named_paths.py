@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import small_preprocess_args
+
 BIN = Path(sys.executable).parent
 # A path with shell syntax in it: taken literally, it must create a directory of that
 # name and nothing else (no file called PWNED anywhere).
@@ -52,17 +54,7 @@ def test_the_pipeline_writes_only_where_it_is_told(small_corpus, tmp_path):
 
     corpus = small_corpus
     inputs_before = _files(corpus)
-    nmt(
-        "preprocess",
-        f"data.trainpref={corpus / 'train'}",
-        f"data.validpref={corpus / 'valid'}",
-        f"data.testpref=[{corpus / 'test'}]",
-        f"data.dest={data}",
-        "spm.vocab_size=200",
-        "spm.byte_fallback=false",
-        "spm.num_threads=1",
-        "workers=1",
-    )
+    nmt("preprocess", *small_preprocess_args(corpus, data))
     nmt(
         "train",
         f"data={data}",

@@ -29,6 +29,7 @@ MODULES = [
     "scale",
     "serve",
     "make_corpus",
+    "checkpoint_save",
 ]
 DEMO = common.REPO / "data" / "demo"
 BEFORE_ISSUE_16 = "f3ffaaf"  # old APIs: Trainer(cfg)._train_step, nmt.commands.generate.Translator
@@ -263,6 +264,31 @@ def test_preprocess_names_a_folder_without_multi30k(tmp_path, capsys):
     assert "no train.en; name a folder with Multi30k" in capsys.readouterr().err
 
 
+def test_checkpoint_save_times_one_name_against_four_independent_files(tmp_path, capsys):
+    from benchmarks import checkpoint_save
+
+    out = tmp_path / "report.json"
+    argv = ["--preset", "tiny", "--vocab", "64", "--repeats", "2", "--dir", str(tmp_path / "c")]
+    assert (
+        common.main(
+            "checkpoint_save",
+            checkpoint_save.build_parser,
+            checkpoint_save.run,
+            [*argv, "--json", str(out)],
+        )
+        == 0
+    )
+    figures = json.loads(out.read_text())["figures"]
+    assert [len(v) for v in figures["seconds"].values()] == [2, 2]
+    assert figures["checkpoint_mb"] > 0 and not (tmp_path / "c").exists()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "x").write_text("mine")
+    assert (
+        common.main("checkpoint_save", checkpoint_save.build_parser, checkpoint_save.run, argv) == 2
+    )
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "c" / "x").exists()
+
+
 def test_decoder_cached_step_against_the_whole_prefix(tmp_path):
     argv = ["--preset", "tiny", "--vocab", "100", "--batch", "2", "--beam", "2"]
     figures = bench(
@@ -306,8 +332,9 @@ def test_ctranslate2_pairs_six_engines_on_the_same_batches(
         }
         # the random model never ends early: every engine decodes 8 x (4 + </s>) tokens
         assert all(e["tokens"] == 8 * 5 for e in engines.values())
-        assert engines["ctranslate2 float32"]["same_as_nmt_fp32"] == 8
-        assert engines["nmt int8+shortlist"]["same_as_nmt_fp32"] is not None
+        assert setting["reference"] == "nmt fp32"
+        assert engines["ctranslate2 float32"]["same_as_reference"] == 8
+        assert engines["nmt int8+shortlist"]["same_as_reference"] is not None
         assert all(e["bleu"] is not None and e["cpu"] > 0 for e in engines.values())
         assert set(setting["ratios"]) == {"nmt fp32", "nmt int8", "nmt int8+shortlist"}
         assert setting["ratios"]["nmt int8"]["peer"] == "ctranslate2 int8"
@@ -377,3 +404,46 @@ def test_suite_worker_runs_in_a_subprocess_of_its_own(tiny_checkpoint, demo_data
     }
     out = suite.measure("generate", params)
     assert out["sentences"] == 6 and out["sent_s"] > 0 and out["peak_rss_mib"] > 10
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--device", "cuda"], "--device cuda: torch sees no CUDA device; use --device cpu"),
+        (["--precision", "fp16"], "--precision fp16: needs --device cuda; use fp32 or bf16"),
+        (
+            ["--engines", "nmt fp32", "ctranslate2 float16"],
+            "--engines 'ctranslate2 float16': runs on --device cuda only; leave it out",
+        ),
+    ],
+)
+def test_ctranslate2_on_a_device_it_cannot_use_is_one_line(tiny_checkpoint, capsys, extra, message):
+    pytest.importorskip("ctranslate2")
+    from benchmarks import ctranslate2
+
+    if torch.cuda.is_available() and extra[0] == "--device":
+        pytest.skip("this machine has CUDA")
+    argv = ["--checkpoint", str(tiny_checkpoint), *extra]
+    assert common.main("ctranslate2", ctranslate2.build_parser, ctranslate2.run, argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ctranslate2_without_its_cuda_libraries_is_one_line(tiny_checkpoint, monkeypatch, capsys):
+    """CTranslate2 4.x opens CUDA 12's cuBLAS when it first runs on a GPU; on a system
+    without it (CUDA 13 only) the benchmark says so in one line. (No GPU here: the
+    library's refusal is raised by a stand-in for ctranslate2.Translator.)"""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from benchmarks import ctranslate2 as bench_ct2
+
+    class NoCuda:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def translate_batch(self, *args, **kwargs):
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(ctranslate2, "Translator", NoCuda)
+    argv = ["--checkpoint", str(tiny_checkpoint), "--lines", "2", "--max-len-b", "2"]
+    assert common.main("ctranslate2", bench_ct2.build_parser, bench_ct2.run, argv) == 2
+    err = capsys.readouterr().err
+    assert "--device cpu: ctranslate2: Library libcublas.so.12 is not found" in err

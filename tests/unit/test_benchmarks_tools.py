@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks import common, make_corpus, scale, serve
@@ -23,6 +24,40 @@ def test_make_corpus_writes_the_corpus_and_the_common_report(tmp_path, capsys):
     assert doc["figures"]["paths"] == [str(src), str(tgt)]
     assert len(src.read_text().splitlines()) == len(tgt.read_text().splitlines()) == 50
     assert "wrote" in capsys.readouterr().out
+
+
+def test_make_corpus_is_seeded_and_a_prefix_of_any_larger_one(tmp_path, monkeypatch):
+    """The same seed gives the same bytes, another seed other text, and the first N pairs
+    of a larger corpus are the corpus of N pairs, across block boundaries (small blocks
+    here, so that a few thousand pairs cross several)."""
+    monkeypatch.setattr(make_corpus, "BLOCK", 1000)
+
+    def corpus(name: str, pairs: int, seed: int = 1) -> list[bytes]:
+        paths = make_corpus.write_corpus(tmp_path / name, pairs, seed=seed)
+        return [p.read_bytes() for p in paths]
+
+    small, again, large = corpus("a", 2500), corpus("b", 2500), corpus("c", 3700)
+    assert small == again
+    for mine, longer in zip(small, large):
+        assert len(mine.split(b"\n")) == 2501
+        assert longer.startswith(mine)
+    other = corpus("d", 2500, seed=2)
+    assert all(a != b for a, b in zip(small, other))
+
+
+def test_make_corpus_lengths_are_like_bitext(tmp_path):
+    """About 21 words a sentence (log-normal, at most 200), target lengths that follow the
+    source's, and the few empty or unbalanced pairs that preprocessing's cleaning removes."""
+    src, tgt = make_corpus.write_corpus(tmp_path / "c", 20_000, seed=3)
+    src_words = np.array([len(line.split()) for line in src.read_text().splitlines()])
+    tgt_words = np.array([len(line.split()) for line in tgt.read_text().splitlines()])
+    assert len(src_words) == len(tgt_words) == 20_000
+    assert 20.0 < src_words.mean() < 22.0  # 21 +- 0.1 (std of the mean) by construction
+    assert src_words.min() >= 1 and src_words.max() <= 200 and np.median(src_words) < 21
+    assert np.corrcoef(src_words, tgt_words)[0, 1] > 0.8
+    empty = tgt_words == 0  # 0.1% of pairs: 20 expected
+    unbalanced = tgt_words > 2.5 * src_words  # 0.2% of pairs have 4x the length: 40 expected
+    assert 5 <= empty.sum() <= 60 and 10 <= unbalanced.sum() <= 100
 
 
 @pytest.mark.parametrize(

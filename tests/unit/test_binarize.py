@@ -66,13 +66,22 @@ def test_empty_split(tmp_path: Path) -> None:
     assert len(arr) == 0 and arr.sizes.tolist() == []
 
 
-def test_damaged_files_are_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", [None, "uint16"], ids=["dtype-from-sizes", "dtype-of-meta"])
+def test_damaged_files_are_reported(tmp_path: Path, dtype) -> None:
+    """A truncated .bin is blamed on the .bin, a truncated .idx on the .idx."""
     prefix = tmp_path / "d"
-    _write(prefix, [[5, 6, 2], [7, 2]], np.dtype(np.uint16))
+    sentences = [[5, 6, 2], [7, 2], [8, 9, 10, 2]]
+    _write(prefix, sentences, np.dtype(np.uint16))
+    idx = Path(f"{prefix}.idx").read_bytes()
+    with open(f"{prefix}.idx", "r+b") as f:
+        f.truncate(len(idx) - 8)  # whole offsets lost: the last sentence is gone
+    with pytest.raises(NmtError, match=r"d\.idx: truncated or damaged: it describes 5 tokens"):
+        TokenArray(prefix, dtype)
+    Path(f"{prefix}.idx").write_bytes(idx)
     with open(f"{prefix}.bin", "r+b") as f:
         f.truncate(7)
-    with pytest.raises(NmtError, match=r"d\.bin: 7 bytes"):
-        TokenArray(prefix)
+    with pytest.raises(NmtError, match=r"d\.bin: truncated: 7 bytes, but d\.idx describes 9"):
+        TokenArray(prefix, dtype)
     Path(f"{prefix}.idx").unlink()
     with pytest.raises(NmtError, match=r"d\.idx: missing"):
         TokenArray(prefix)

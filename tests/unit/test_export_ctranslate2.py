@@ -252,17 +252,17 @@ def test_existing_output_is_kept_unless_overwrite(tokenizers, tmp_path):
     tok = tokenizers["joint"]
     _checkpoint(tmp_path / "model.pt", _cfg(share_all_embeddings=True), tok, tok)
     out = tmp_path / "ct2"
-    out.mkdir()
-    (out / "mine.txt").write_text("keep")
+    export_ctranslate2(tmp_path / "model.pt", out)
+    before = (out / "model.bin").stat().st_ino
     with pytest.raises(
         NmtError
     ) as error:  # the CLI's one line: tests/integration/test_interop_cli.py
         export_ctranslate2(tmp_path / "model.pt", out)
     assert "already exists" in str(error.value) and "overwrite=true" in str(error.value)
     assert str(error.value).startswith(f"output_dir={out}: ")
-    assert (out / "mine.txt").read_text() == "keep"
+    assert (out / "model.bin").stat().st_ino == before
     export_ctranslate2(tmp_path / "model.pt", out, overwrite=True)
-    assert (out / "model.bin").is_file() and not (out / "mine.txt").exists()
+    assert (out / "model.bin").stat().st_ino != before  # a new export
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model.pt"]  # no temp dirs left
 
 

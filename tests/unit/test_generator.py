@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from rounding import gamma, logprob_tolerance, probability_sum_tolerance
 from torch import nn
 
 from nmt.data.vocab import BOS, EOS, PAD, UNK
@@ -21,6 +22,12 @@ A, B, C = 4, 5, 6  # the Markov model's three words
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+# The Markov model's log-probabilities: its logits are log(fp32 p) (3 U (1 + |log p|) each)
+# and the search's fp32 log-softmax over V = 7 adds gamma(V + 4) (1 + the spread of the
+# finite logits, |log 0.01| at most); a score averages such values. gamma(2 V + 8) *
+# (1 + |log 0.01|) covers both (7e-6); a wrong path or length penalty is off by > 1e-2.
+MARKOV = gamma(2 * 7 + 8) * (1 + abs(math.log(0.01)))
 
 
 class _NoCache:
@@ -80,12 +87,12 @@ def test_beam_finds_what_greedy_misses():
     assert [h.tokens.tolist() for h in greedy] == [[A, EOS]]  # .5 * .4 = .20
     best, second = _run(Markov(TABLE), beam=2, nbest=2)
     assert best.tokens.tolist() == [B, EOS]  # .4 * .9 = .36
-    assert best.score == pytest.approx(math.log(0.36) / 2, abs=1e-5)
+    assert best.score == pytest.approx(math.log(0.36) / 2, abs=MARKOV)
     assert best.positional_scores.tolist() == pytest.approx(
-        [math.log(0.4), math.log(0.9)], abs=1e-5
+        [math.log(0.4), math.log(0.9)], abs=MARKOV
     )
     assert second.tokens.tolist() == [A, EOS]
-    assert second.score == pytest.approx(math.log(0.2) / 2, abs=1e-5)
+    assert second.score == pytest.approx(math.log(0.2) / 2, abs=MARKOV)
 
 
 def test_length_penalty_changes_the_winner():
@@ -98,20 +105,25 @@ def test_length_penalty_changes_the_winner():
             [(math.log(0.45) / 3**lenpen, hyp_long), (math.log(0.36) / 2**lenpen, hyp_short)]
         )
         assert tuple(best.tokens.tolist()) == expected[1]
-        assert best.score == pytest.approx(expected[0], abs=1e-5)
+        assert best.score == pytest.approx(expected[0], abs=MARKOV)
 
 
 def test_min_len_prefix_and_max_len():
     best = _run(Markov(TABLE), beam=2, min_len=2)[0]  # a c EOS .15 beats a b EOS .135
     assert best.tokens.tolist() == [A, C, EOS]
-    assert best.score == pytest.approx(math.log(0.15) / 3, abs=1e-5)
+    assert best.score == pytest.approx(math.log(0.15) / 3, abs=MARKOV)
     forced = _run(Markov(TABLE), beam=2, prefix=torch.tensor([[C]]))[0]
     assert forced.tokens.tolist() == [C, EOS]
-    assert forced.score == pytest.approx(math.log(0.1) / 2, abs=1e-5)
+    assert forced.score == pytest.approx(math.log(0.1) / 2, abs=MARKOV)
     looping = Markov({EOS: {A: 1.0}, A: {A: 0.99, EOS: 0.01}})
     for limit in (1, 4):
         out = _run(looping, beam=1, max_len_b=limit)[0]  # EOS never ranks first
         assert out.tokens.tolist() == [A] * limit + [EOS]
+    # limits far beyond the model's positions are its positions (63 tokens, then EOS), not
+    # an overflow: 1e308 * length is inf in float64, and 10**20 is no int64
+    for huge in (dict(max_len_a=1e308), dict(max_len_b=10**20), dict(max_len_a=1e300)):
+        out = _run(looping, beam=1, **huge)[0]
+        assert out.tokens.tolist() == [A] * 63 + [EOS], huge
 
 
 def test_unkpen_and_special_tokens():
@@ -171,6 +183,11 @@ def _sources(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:
     ]
 
 
+def _pairs(sources: list[torch.Tensor], found) -> list[tuple[list[int], list[int]]]:
+    """(source ids, hypothesis ids) of every hypothesis found for `sources`."""
+    return [(s.tolist(), h.tokens.tolist()) for s, hyps in zip(sources, found) for h in hyps]
+
+
 def _pad(sources: list[torch.Tensor]) -> torch.Tensor:
     out = torch.full((len(sources), max(len(s) for s in sources)), PAD)
     for i, s in enumerate(sources):
@@ -212,11 +229,13 @@ def test_output_does_not_depend_on_the_batch(model, beam):
     )
     together = gen.generate(_pad(sources))
     reordered = gen.generate(_pad(sources[::-1]))[::-1]
+    tolerance = logprob_tolerance(model, _pairs(sources, together))  # see tests/rounding.py
     for i, src in enumerate(sources):
         alone = gen.generate(src[None])[0]
         for other in (together[i], reordered[i]):
             assert [h.tokens.tolist() for h in other] == [h.tokens.tolist() for h in alone]
-            assert [h.score for h in other] == pytest.approx([h.score for h in alone], abs=1e-4)
+            scores = [h.score for h in other]  # means of log-probabilities (lenpen 1)
+            assert scores == pytest.approx([h.score for h in alone], abs=tolerance)
 
 
 @pytest.mark.parametrize("lenpen,sampling", [(1.0, False), (0.6, False), (1.0, True)])
@@ -229,15 +248,23 @@ def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
             beam=3, nbest=3, lenpen=lenpen, max_len_b=9, sampling=sampling, temperature=temperature
         ),
     )
-    for src, hyps in zip(sources, gen.generate(_pad(sources))):
+    found = gen.generate(_pad(sources))
+    # both sides' log-probabilities (of logits / temperature <= 1: errors grow by 1/0.8)
+    tolerance = logprob_tolerance(model, _pairs(sources, found)) / temperature
+    for src, hyps in zip(sources, found):
         for h in hyps:
             prev = torch.cat([torch.tensor([EOS]), h.tokens[:-1]])[None]  # [1,T]
             with torch.no_grad():
                 lp = torch.log_softmax(model(src[None], prev)[0].float() / temperature, -1)  # [T,V]
             token_lp = lp.gather(1, h.tokens[:, None]).squeeze(1)
-            assert h.positional_scores.tolist() == pytest.approx(token_lp.tolist(), abs=1e-4)
+            assert h.positional_scores.tolist() == pytest.approx(token_lp.tolist(), abs=tolerance)
+            # a sum of T such values, divided by T**lenpen, and summed in fp32 (gamma(T))
+            length = len(h.tokens)
+            score_tolerance = (length * tolerance + gamma(length) * float(token_lp.abs().sum())) / (
+                length**lenpen
+            )
             assert h.score == pytest.approx(
-                float(token_lp.sum()) / len(h.tokens) ** lenpen, abs=1e-4
+                float(token_lp.sum()) / length**lenpen, abs=score_tolerance
             )
 
 
@@ -246,18 +273,21 @@ def test_cached_equals_uncached(model):
     kw = dict(beam=4, nbest=2, max_len_b=10, no_repeat_ngram_size=3)
     cached = SequenceGenerator([model], SearchConfig(**kw, use_cache=True)).generate(src)
     full = SequenceGenerator([model], SearchConfig(**kw, use_cache=False)).generate(src)
+    tolerance = logprob_tolerance(model, _pairs(_sources([5, 13, 8], seed=3), cached))
     for a, b in zip(cached, full):
         assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
-        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=tolerance)
 
 
 def test_ensemble_of_one_model_twice_is_the_model(model):
     src = _pad(_sources([6, 9], seed=4))
     single = SequenceGenerator([model], SearchConfig(beam=3, max_len_b=8)).generate(src)
     double = SequenceGenerator([model, model], SearchConfig(beam=3, max_len_b=8)).generate(src)
+    # the ensemble's mean of two equal log-probabilities (logsumexp - log 2) rounds anew
+    tolerance = logprob_tolerance(model, _pairs(_sources([6, 9], seed=4), single))
     for a, b in zip(single, double):
         assert a[0].tokens.tolist() == b[0].tokens.tolist()
-        assert a[0].score == pytest.approx(b[0].score, abs=1e-5)
+        assert a[0].score == pytest.approx(b[0].score, abs=tolerance)
 
 
 def test_limits_prefix_and_attention(model):
@@ -274,9 +304,9 @@ def test_limits_prefix_and_attention(model):
             assert tokens[-1] == EOS and EOS not in tokens[:-1]
             assert tokens[: len([p for p in pre if p != PAD])] == [p for p in pre if p != PAD]
             assert h.attention.shape == (len(tokens), max(len(s) for s in sources))
-            assert torch.allclose(
-                h.attention[:, : len(src)].sum(1), torch.ones(len(tokens)), atol=1e-4
-            )
+            sums, ones = h.attention[:, : len(src)].sum(1), torch.ones(len(tokens))
+            tolerance = probability_sum_tolerance(len(src), heads=model.cfg.attention_heads)
+            assert torch.allclose(sums, ones, rtol=0, atol=tolerance)
 
 
 @pytest.mark.gpu

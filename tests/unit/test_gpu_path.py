@@ -21,6 +21,7 @@ import pytest
 import torch
 from helpers import NO_DROPOUT, TINY_MODEL, run_training, tiny_config
 from meta_device import DeviceReads
+from rounding import assert_same_function, float64_twin
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data.vocab import EOS, PAD
@@ -315,9 +316,67 @@ def test_the_padding_hint_changes_no_output(padded):
         got = model(src, prev, src_padded=padded)
         enc = model.encode(src, padded)
         cached_logits, _ = model.decode(prev[:, :1], enc, model.new_cache())
+        exact = float64_twin(model)(src, prev)
     assert torch.equal(got, want)
-    assert enc.padded is padded and torch.allclose(cached_logits[:, 0], want[:, 0], atol=1e-5)
+    assert enc.padded is padded
+    assert_same_function(cached_logits[:, 0], want[:, 0], exact[:, 0])  # tests/rounding.py
     assert not src.eq(PAD).any()
+
+
+def _attention_masks(monkeypatch) -> list:
+    """The attn_mask of every SDPA call from now on (None or a tensor), in order."""
+    masks: list = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, *args, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return masks
+
+
+def test_a_training_batch_without_padding_gives_sdpa_no_mask(demo_data_dir, tmp_path, monkeypatch):
+    """On a GPU (meta here) the training step tells the model from the batch's host copy
+    whether any source is padded: an unpadded batch's attention calls (encoder, decoder's
+    causal self- and cross-attention) get no mask, so SDPA may pick flash attention; a
+    padded batch's encoder and cross-attention are masked."""
+    trainer = _on_meta(build_training(tiny_config(demo_data_dir, tmp_path / "run")))
+    sizes = trainer.data.train.src_sizes
+    short, long = int(np.argmin(sizes)), int(np.argmax(sizes))
+    masks = _attention_masks(monkeypatch)
+    trainer.train_step([np.array([short, short])])  # one length: no padding
+    assert len(masks) == 3 and all(m is None for m in masks)  # 1 encoder + 1 decoder layer
+    masks.clear()
+    trainer.train_step([np.array([short, long])])
+    assert sum(m is not None for m in masks) == 2  # encoder self- and cross-attention
+
+
+@pytest.mark.parametrize("shortest, masked", [(6, False), (5, True)])
+def test_a_decoding_batch_without_padding_gives_attention_no_mask(monkeypatch, shortest, masked):
+    """The generator learns from its one read per batch whether sources are padded, and
+    passes it on: the encoder and the cross-attention of an unpadded batch get no mask."""
+    hints: list = []
+    real = FastKernels.attention_mask
+
+    def spy(self, padding_mask, padded=None):
+        hints.append(padded)
+        return real(self, padding_mask, padded)
+
+    monkeypatch.setattr(FastKernels, "attention_mask", spy)
+
+    def answer(t: torch.Tensor, method: str):  # [longest, shortest limit, shortest source]
+        if method == "tolist" and t.dtype == torch.long and not hints:
+            return [4, 4, shortest]
+        return None  # steps: nothing done, nothing finishing
+
+    src = torch.full((3, 6), 7, dtype=torch.long, device=META)
+    model = Transformer(TINY_MODEL, 40, 40).eval()
+    generator = SequenceGenerator([model], SearchConfig(beam=2))
+    model.to(META)
+    DeviceReads(monkeypatch, answer)
+    generator.generate(src)
+    assert hints == [masked, masked]  # the encoder's, then the decoder's (cached) cross-attention
 
 
 # ------------------------------------------------------------------- process groups
@@ -350,3 +409,48 @@ def test_under_nccl_the_host_agreements_have_a_gloo_group_that_times_out_first(m
     distributed.init_process_group(DistEnv(0, 2, 0), torch.device("cpu"), 30.0)
     assert groups == [("gloo", timedelta(seconds=30))]  # gloo is the host group itself
     assert distributed._host_group is None
+
+
+@pytest.mark.parametrize(
+    "backend, finished, want",
+    [
+        ("nccl", False, ["abort"]),  # a peer may be gone: never flush NCCL's queue
+        ("nccl", True, ["barrier", "destroy"]),
+        ("gloo", False, ["destroy"]),  # gloo's destroy waits for nothing
+        ("gloo", True, ["barrier", "destroy"]),
+    ],
+)
+def test_after_a_failure_nccl_is_aborted_not_flushed(monkeypatch, backend, finished, want):
+    """destroy_process_group flushes NCCL's queued collectives; one waiting for a dead peer
+    never finishes, and the rank would hang until NCCL's watchdog aborted it, its one-line
+    error unprinted. (NCCL needs GPUs: torch's calls are recorded here; tests/gpu/
+    test_cuda_ddp.py kills a real NCCL rank.)"""
+    from nmt import distributed
+
+    calls: list[str] = []
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: calls.append("barrier"))
+    monkeypatch.setattr(dist, "destroy_process_group", lambda group=None: calls.append("destroy"))
+    monkeypatch.setattr(
+        dist.distributed_c10d, "_abort_process_group", lambda group=None: calls.append("abort")
+    )
+    monkeypatch.setattr(distributed, "_host_group", "host" if backend == "nccl" else None)
+    distributed.destroy_process_group(wait_for_peers=finished)
+    assert calls == want and distributed._host_group is None
+
+
+def test_a_failing_nccl_abort_leaves_the_runs_own_error_to_be_reported(monkeypatch):
+    from nmt import distributed
+
+    def abort(group=None):
+        raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", abort)
+    distributed.destroy_process_group(wait_for_peers=False)  # raises nothing

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from rounding import U_FP32
 
 from nmt.data.vocab import EOS, PAD
 from nmt.errors import NmtError
@@ -154,7 +155,16 @@ def test_sinusoidal_table_matches_fairseq_formula(dim):
     reference = torch.tensor([reference_sinusoid(p, dim) for p in range(rows)], dtype=torch.float)
     reference[PAD] = 0
     assert table.shape == (rows, dim)
-    assert (table - reference).abs().max() < 5e-5  # float32 angles up to 300 rad
+    # fp32 rounding (tests/rounding.py): the exponent x_i = i * step is rounded twice (2 U
+    # of itself), exp adds 1 ulp (2 U) and p * w_i one rounding, so the angle lies within
+    # p * w_i * (2 x_i + 3) U of the exact p * w_i (up to 4.8e-5 at p = 299, D = 64); sin
+    # and cos add 1 ulp (2 U) and the reference's own rounding to fp32 U.
+    half = dim // 2
+    x = torch.arange(half, dtype=torch.float64) * math.log(10000) / (half - 1)  # [D/2]
+    positions = torch.arange(rows, dtype=torch.float64)[:, None]  # [rows,1]
+    angle_error = positions * torch.exp(-x) * (2 * x + 3) * U_FP32  # [rows,D/2]
+    bound = torch.cat([angle_error, angle_error, torch.zeros(rows, dim % 2)], 1) + 3 * U_FP32
+    assert torch.all((table.double() - reference.double()).abs() <= bound)
 
 
 @pytest.mark.parametrize("learned", [False, True])
@@ -180,9 +190,13 @@ def test_encoder_input_is_fairseqs_at_real_positions(learned):
         table = model.encoder.embed_positions.weight
     else:
         table = sinusoidal_table(cfg.max_source_positions + PAD + 1, 16, PAD)
-    expected = 4.0 * model.encoder.embed_tokens(src) + table[reference_make_positions(src, PAD)]
+    embedded = model.encoder.embed_tokens(src)  # [B,S,D]
+    positions = table[reference_make_positions(src, PAD)]  # [B,S,D]
+    expected = 4.0 * embedded + positions
+    # one fp32 addition (the scaling by 4 is exact): each side within U of its terms
+    bound = 2 * U_FP32 * (4.0 * embedded.abs() + positions.abs())
     real = src.ne(PAD)
-    assert (seen[0][real] - expected[real]).abs().max() < 1e-6
+    assert torch.all((seen[0][real] - expected[real]).abs() <= bound[real])
 
 
 def test_sinusoidal_positions_extend_past_max_like_fairseq():

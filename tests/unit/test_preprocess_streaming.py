@@ -6,6 +6,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,8 +86,14 @@ def test_separate_vocabularies_and_extra_training_corpora_equal_the_reference(
     assert meta.splits["clean"].lines == 120 and "ratio" in meta.splits["clean"].removed
 
 
+def _zstd_open(path: Path, mode: str):
+    zstandard = pytest.importorskip("zstandard", reason="zstandard (test extra) is not installed")
+    return zstandard.open(path, mode)
+
+
 @pytest.mark.parametrize(
-    ("suffix", "opener"), [(".gz", gzip.open), (".xz", lzma.open), (".bz2", bz2.open)]
+    ("suffix", "opener"),
+    [(".gz", gzip.open), (".xz", lzma.open), (".bz2", bz2.open), (".zst", _zstd_open)],
 )
 def test_compressed_input_gives_the_same_data_dir(
     small_corpus: Path, preprocess_config, tmp_path: Path, suffix: str, opener
@@ -109,7 +116,7 @@ def test_compressed_input_gives_the_same_data_dir(
 
 
 def test_compressed_input_mistakes_are_named(
-    small_corpus: Path, preprocess_config, tmp_path: Path
+    small_corpus: Path, preprocess_config, tmp_path: Path, monkeypatch
 ) -> None:
     train_en = small_corpus / "train.en"
     with gzip.open(f"{train_en}.gz", "wb") as f:
@@ -123,6 +130,14 @@ def test_compressed_input_mistakes_are_named(
         build_data_dir(preprocess_config())
     Path(f"{train_en}.gz").write_bytes(b"plain text, not gzip\n")
     with pytest.raises(NmtError, match=r"train\.en\.gz: not a gz file"):
+        build_data_dir(preprocess_config())
+    Path(f"{train_en}.gz").rename(f"{train_en}.zst")
+    with pytest.raises(NmtError, match=r"train\.en\.zst: not a zst file"):
+        build_data_dir(preprocess_config())
+    Path(f"{train_en}.zst").write_bytes(b"\x28\xb5\x2f\xfd")  # zstd's magic number
+    # without the optional package (a None entry in sys.modules makes its import fail)
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(NmtError, match=r"train\.en\.zst: reading \.zst needs the zstandard"):
         build_data_dir(preprocess_config())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus"]
 

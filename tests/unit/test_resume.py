@@ -65,15 +65,19 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(
     assert all(torch.equal(a[k]["exp_avg_sq"], b[k]["exp_avg_sq"]) for k in a)
 
 
+@pytest.mark.parametrize("sigterms", [1, 2])
 def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(
-    demo_data_dir, tmp_path, uninterrupted, monkeypatch
+    demo_data_dir, tmp_path, uninterrupted, monkeypatch, sigterms
 ):
+    """A second SIGTERM (Slurm signals the job step, torchrun forwards its own) must not
+    cut the save short: the run still stops after update 3 with checkpoint_last saved."""
     real_step = Trainer.train_step
 
     def step_then_signal(self, group):
         real_step(self, group)
         if self.progress.num_updates == 3:
-            os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-loop, like a scheduler's kill
+            for _ in range(sigterms):  # arrives mid-loop, like a scheduler's kill
+                os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(Trainer, "train_step", step_then_signal)
     result = run_training(
@@ -115,6 +119,7 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
     # the schedule restarts
     assert t.scheduler.lr_at(t.progress.num_updates) == t.cfg.optim.warmup_init_lr
     assert not t.optimizer.state  # fresh Adam moments
+    t.close()  # a built Trainer holds save_dir's lock until it runs or is closed
     kept = build_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=8))
     assert kept.progress.position > 0 and kept.optimizer.state
 

@@ -152,5 +152,7 @@ def test_file_mistakes_name_the_file(files, tmp_path):
         read_hypotheses(str(empty))
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("Stra\xdfe\n".encode("latin-1") * 3)
-    with pytest.raises(NmtError, match=r"latin1\.txt: not UTF-8 text \(byte 4\); convert it"):
+    with pytest.raises(
+        NmtError, match=r"latin1\.txt:1: invalid UTF-8 \(.* at byte 5 of the line\); fix the line"
+    ):
         score(ScoreConfig(hyp=str(latin1), refs=[str(files["ref"])]))

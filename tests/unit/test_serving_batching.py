@@ -17,6 +17,7 @@ from nmt.errors import NmtError
 from nmt.generation.encoding import target_ids
 from nmt.serving.batching import SCORE, TRANSLATE, BatchQueue, Closed, Job, QueueFull
 from tests.helpers import run_training, tiny_config
+from tests.rounding import text_logprob_tolerance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -208,9 +209,10 @@ def test_score_jobs_equal_translator_score(translator, texts, queue_factory, dem
     job = Job(translator, kind=(SCORE, 1.0), texts=texts, op=SCORE, targets=refs)
     got = queue.submit(job).result(timeout=120)
     want = translator.score(texts, refs)
+    tolerance = text_logprob_tolerance(translator, texts, refs)  # tests/rounding.py
     for h, w in zip(got, want):
-        assert h.positional_scores.tolist() == pytest.approx(w.token_scores, abs=1e-5)
-        assert h.score == pytest.approx(w.score, abs=1e-5)
+        assert h.positional_scores.tolist() == pytest.approx(w.token_scores, abs=tolerance)
+        assert h.score == pytest.approx(w.score, abs=tolerance)  # means (lenpen 1)
 
 
 def test_finish_runs_on_the_worker_and_answers(translator, texts, queue_factory):

@@ -59,6 +59,15 @@ def test_models_from_yaml_are_model_specs():
         (dict(log_level="loud"), "log_level=loud: unknown; use one of critical"),
         (dict(threads=-1), "threads=-1: must not be negative"),
         (dict(beam=0), "beam=0: must be 1 or more; use 1 for greedy search"),
+        (dict(max_beam=0), "max_beam=0: must be 1 or more"),
+        (
+            dict(beam=20),
+            "beam=20: more than this server's max_beam=16; use a narrower beam, or raise",
+        ),
+        (
+            dict(models=[ModelSpec("a.pt", search={"beam": 8})], max_beam=4),
+            "models[0].search.beam=8: more than this server's max_beam=4",
+        ),
         (
             dict(checkpoint="a.pt", models=[ModelSpec(checkpoint="b.pt")]),
             "checkpoint=a.pt: given together with models=",

@@ -117,7 +117,7 @@ def _shard(small_corpus: Path, preprocess_config, dest: Path, part: slice, **ove
     )
 
 
-def test_joined_shards_are_trained_on_one_per_epoch(
+def test_joined_shards_are_trained_on_one_per_epoch_and_resume_mid_shard(
     small_corpus: Path, preprocess_config, tmp_path: Path
 ) -> None:
     _shard(small_corpus, preprocess_config, tmp_path / "s0", slice(0, 250))
@@ -150,6 +150,18 @@ def test_joined_shards_are_trained_on_one_per_epoch(
     assert any("2 shards, one per epoch" in note for note in data.notes)
     result = run_training(replace(cfg, max_epoch=2, max_update=0, valid_split=""))
     assert result.epoch == 3
+
+    # stopped in the middle of the second shard's epoch, resumed: the same run, bit for bit
+    first, second = len(data.epoch_batches(1)), len(data.epoch_batches(2))
+    assert second >= 3
+    straight = replace(cfg, save_dir=str(tmp_path / "straight"), valid_split="")
+    run_training(replace(straight, max_update=first + second - 1))
+    stopped = replace(straight, save_dir=str(tmp_path / "stopped"))
+    run_training(replace(stopped, max_update=first + 1))
+    state = load_checkpoint(tmp_path / "stopped" / "checkpoint_last.pt")["train_state"]
+    assert (state["epoch"], state["position"]) == (2, 1)  # one batch into shard 2's epoch
+    run_training(replace(stopped, max_update=first + second - 1))
+    assert_bitwise_equal(last_params(tmp_path / "stopped"), last_params(tmp_path / "straight"))
 
 
 def test_join_refuses_shards_that_do_not_fit(

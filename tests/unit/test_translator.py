@@ -25,6 +25,7 @@ from nmt.generation.config import SearchConfig
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
 from tests.helpers import run_training, tiny_config
+from tests.rounding import logprob_tolerance, sum_tolerance, text_logprob_tolerance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -68,13 +69,15 @@ def test_translate_is_the_best_of_translate_batch(translator, texts):
         assert per_source[0].score >= per_source[1].score  # best first
         for t in per_source:
             assert len(t.token_scores) == len(t.pieces) + 1  # EOS scored too
-            assert t.score == pytest.approx(sum(t.token_scores) / len(t.token_scores), abs=1e-4)
+            mean = sum(t.token_scores) / len(t.token_scores)  # the same fp32 values, summed
+            assert t.score == pytest.approx(mean, abs=sum_tolerance(t.token_scores, 0.0))
             assert t.alignment is None
 
 
 def test_batch_composition_never_changes_a_translation(checkpoint, texts):
     together = Translator.from_checkpoint(checkpoint, device="cpu", **SEARCH)
     want = together.translate_batch(texts, return_scores=True)
+    tolerance = text_logprob_tolerance(together, texts, [per[0].text for per in want])
     shuffled = texts[::-1]
     for other in (
         Translator.from_checkpoint(checkpoint, device="cpu", max_sentences=1, **SEARCH),
@@ -86,7 +89,7 @@ def test_batch_composition_never_changes_a_translation(checkpoint, texts):
         for got in (alone, mixed):
             assert _tokens(got) == _tokens(want)
             for a, b in zip(got, want):
-                assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=1e-4)
+                assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=tolerance)
 
 
 def test_nbest_scores_and_alignments_per_call(translator, texts):
@@ -122,15 +125,21 @@ def test_score_is_the_models_loss_on_the_pair(checkpoint, translator, texts, dem
     refs[5] = ""  # an empty target: p(EOS | source)
     sources = [t if t else "a" for t in texts]  # (an empty source is scored as [EOS])
     model = translator.models[0]
+    tolerance = text_logprob_tolerance(translator, sources, refs)
     for lenpen in (1.0, 0.5):
         scorer = Translator.from_checkpoint(checkpoint, device="cpu", lenpen=lenpen)
         scores = scorer.score(sources, refs)
         for src, ref, got in zip(sources, refs, scores):
             assert isinstance(got, TargetScore)
             want = _independent_log_probs(model, translator.src_tokenizer, src, ref)
-            assert got.token_scores == pytest.approx(want.tolist(), abs=1e-4)
-            assert got.log_prob == pytest.approx(float(want.sum()), abs=1e-3)
-            assert got.score == pytest.approx(float(want.sum()) / len(want) ** lenpen, abs=1e-3)
+            token_scores = want.tolist()
+            assert got.token_scores == pytest.approx(token_scores, abs=tolerance)
+            total = sum_tolerance(token_scores, tolerance, lenpen=0.0)  # a sum
+            assert got.log_prob == pytest.approx(float(want.sum()), abs=total)
+            score = float(want.sum()) / len(want) ** lenpen
+            assert got.score == pytest.approx(
+                score, abs=sum_tolerance(token_scores, tolerance, lenpen)
+            )
             assert got.pieces == translator.tgt_tokenizer.encode_as_pieces(
                 normalize_text(ref, False)
             )
@@ -140,15 +149,17 @@ def test_score_of_a_translation_is_its_reported_score(translator, texts):
     """Forced decoding of the search's own output gives the scores the search reported."""
     ids = [translator.src_tokenizer.encode(normalize_text(t, False)) + [EOS] for t in texts if t]
     hyps = translator.translate_ids(ids, nbest=2)
+    pairs = [(i, h.tokens.tolist()) for i, per in zip(ids, hyps) for h in per]
+    tolerance = logprob_tolerance(translator.models[0], pairs)
     for rank in (0, 1):
         scored = translator.score_ids(ids, [h[rank].tokens for h in hyps])
         for per_source, got in zip(hyps, scored):
             want = per_source[rank]
             assert got.tokens.tolist() == want.tokens.tolist()
             assert got.positional_scores.tolist() == pytest.approx(
-                want.positional_scores.tolist(), abs=1e-4
+                want.positional_scores.tolist(), abs=tolerance
             )
-            assert got.score == pytest.approx(want.score, abs=1e-4)
+            assert got.score == pytest.approx(want.score, abs=tolerance)  # means (lenpen 1)
 
 
 def test_an_ensemble_averages_log_probs(checkpoint, translator, texts):
@@ -156,8 +167,9 @@ def test_an_ensemble_averages_log_probs(checkpoint, translator, texts):
     assert len(pair.models) == 2
     assert _tokens(pair.translate_batch(texts)) == _tokens(translator.translate_batch(texts))
     one, two = translator.score(texts[:3], texts[3:6]), pair.score(texts[:3], texts[3:6])
+    tolerance = text_logprob_tolerance(translator, texts[:3], texts[3:6])
     for a, b in zip(one, two):
-        assert a.token_scores == pytest.approx(b.token_scores, abs=1e-5)
+        assert a.token_scores == pytest.approx(b.token_scores, abs=tolerance)
 
 
 def test_prefixes_are_forced_per_sentence(translator, texts):
@@ -249,6 +261,12 @@ def test_options_are_checked_before_loading(tmp_path):
         (dict(beam=0), "beam=0: must be 1 or more; use 1 for greedy search"),
         (dict(beam=2, nbest=3), "nbest=3: must be between 1 and beam=2"),
         (dict(temperature=0.0), "temperature=0.0: must be positive"),
+        (dict(temperature=1e-320), "temperature=1e-320: below 1e-06, where the logits overflow"),
+        (dict(lenpen=float("nan")), "lenpen=nan: not a finite number"),
+        (dict(max_len_a=float("inf")), "max_len_a=inf: not a finite number"),
+        (dict(lenpen=400.0), "lenpen=400.0: out of range (-5 to 5)"),
+        (dict(seed=2**70), f"seed={2**70}: out of range; use 0 to {2**63 - 1}"),
+        (dict(seed=-1), "seed=-1: out of range"),
         (dict(sampling_topk=5), "sampling_topk=5: applies to sampling only; add sampling=true"),
         (dict(max_sentences=0), "max_sentences=0: must be 1 or more"),
         (dict(overlong="skip"), "overlong=skip: unknown; use one of truncate, error"),
