@@ -146,7 +146,7 @@ def test_atomic_directory_replaces_the_old_one_and_leaves_nothing_aside(
 ):
     if not exchange:
         # the fallback for file systems without renameat2's RENAME_EXCHANGE: none here
-        monkeypatch.setattr(nmt.fsutil, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(nmt.fsutil, "exchange", lambda a, b: False)
     target = tmp_path / "out"
     _build(target, "old")
     _build(target, "new")
@@ -163,7 +163,7 @@ def test_ctrl_c_during_the_swap_waits_until_the_new_directory_is_in_place(
     target = tmp_path / "out"
     _build(target, "old")
     if not exchange:
-        monkeypatch.setattr(nmt.fsutil, "_exchange", lambda a, b: False)  # as above
+        monkeypatch.setattr(nmt.fsutil, "exchange", lambda a, b: False)  # as above
     rename, fsync_dir = os.rename, nmt.fsutil.fsync_dir
 
     def rename_then_ctrl_c(src, dst):  # Ctrl-C right after the old one is moved aside
