@@ -38,11 +38,15 @@ MATMUL_ATTENTION_MAX_KEYS = 128
 class FastKernels(Kernels):
     """layers.Kernels' operations, faster where the device and the mode allow it.
 
-    Its one piece of state remembers the runs of the last attention mask it read
-    (attention_by_length): a weak reference, so a freed mask is never taken for a new one.
+    `rows_alone`: CPU inference attends each run of rows with the same number of keys on
+    its own (attention_by_length), so that a row is bit for bit what it is alone. int8
+    needs that (nmt.model.quantize.quantize_int8 sets it); fp32 does not, and keeps one
+    SDPA call per batch. Its other state remembers the runs of the last attention mask it
+    read: a weak reference, so a freed mask is never taken for a new one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rows_alone: bool = False) -> None:
+        self.rows_alone = rows_alone
         self._runs_memo: tuple[weakref.ref, list[tuple[int, int, int]] | None] | None = None
 
     def dropout(self, x: Tensor, p: float, training: bool) -> Tensor:
@@ -82,11 +86,13 @@ class FastKernels(Kernels):
         backward), 2-4x slower in bf16, whose flash backward is ~3x slower than fp32's. So
         up to MATMUL_ATTENTION_MAX_KEYS keys, attention is spelled out
         (`attention_with_weights`: its [B,H,T,K] scores are small there); beyond, bf16
-        runs the flash kernels in fp32. CUDA uses SDPA as is, and so does CPU inference,
-        over each run of rows with the same number of keys (`attention_by_length`).
+        runs the flash kernels in fp32. CUDA and inference use SDPA as is; with
+        `rows_alone`, CPU inference over each run of rows with the same number of keys
+        (`attention_by_length`).
         """
         if q.device.type != "cpu" or not torch.is_grad_enabled():
-            if mask is not None and q.device.type == "cpu" and not is_causal and not dropout_p:
+            by_length = self.rows_alone and q.device.type == "cpu"
+            if by_length and mask is not None and not is_causal and not dropout_p:
                 return self.attention_by_length(q, k, v, mask)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.model.kernels import FastKernels
 from nmt.runtime import check_precision, int8_engine
 
 WEIGHT_LEVELS = 127  # symmetric int8 weights: -127..127 times the channel's scale
@@ -134,6 +135,9 @@ def quantize_int8(model: ModelT) -> ModelT:
     engine = int8_engine()
     assert engine is not None
     torch.backends.quantized.engine = engine
+    kernels = getattr(model, "kernels", None)
+    if isinstance(kernels, FastKernels):  # int8 rounding would amplify padding's 1e-7
+        kernels.rows_alone = True
     for module in list(model.modules()):
         fuse = getattr(module, "quantize_fused_projections", None)
         if fuse is not None:  # before its linear layers are replaced below

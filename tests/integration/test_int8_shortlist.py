@@ -107,8 +107,9 @@ def test_int8_and_the_shortlist_keep_the_demo_bleu(
 
 @pytest.mark.parametrize("beam", [4, 1])
 def test_int8_translations_are_deterministic_and_batch_independent(model, demo_corpus, beam):
-    """Bit for bit: int8 layers quantize each row on its own, and int8 batches hold one
-    source length (no padding), so nothing of a batch's other sentences reaches a row."""
+    """Bit for bit: int8 layers quantize each row on its own, and attention over padded
+    keys runs each length's rows on their own (FastKernels.rows_alone), so nothing of a
+    batch's other sentences reaches a row: alone, in another order or in other batches."""
     texts = (demo_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:40]
     kw = dict(device="cpu", precision="int8", beam=beam, nbest=min(beam, 2))
     kw.update(max_len_a=1.5, max_len_b=10)

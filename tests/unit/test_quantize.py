@@ -91,6 +91,8 @@ def test_every_linear_layer_is_int8_and_the_model_stays_close(normalize_before):
     int8 = quantize_int8(copy.deepcopy(fp32))
     assert not any(isinstance(m, nn.Linear) for m in int8.modules())
     assert isinstance(int8.decoder.output_projection, Int8Linear)
+    # int8 attends padded rows on their own (FastKernels.rows_alone); fp32 needs not
+    assert int8.kernels.rows_alone and not fp32.kernels.rows_alone
     src = torch.randint(4, 40, (3, 7))
     prev = torch.randint(4, 50, (3, 6))
     with torch.no_grad():
