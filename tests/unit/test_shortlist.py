@@ -18,7 +18,6 @@ from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
-from tests.helpers import run_training, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,10 +25,8 @@ SEARCH = dict(beam=4, max_len_a=1.0, max_len_b=6)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(demo_data_dir, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("shortlist-run")
-    run_training(tiny_config(demo_data_dir, run, max_update=60))
-    return run / "checkpoint_last.pt"
+def checkpoint(tiny_trained_checkpoint) -> Path:
+    return tiny_trained_checkpoint
 
 
 @pytest.fixture(scope="module")
