@@ -1,35 +1,47 @@
-"""nmt-generate against CTranslate2 on the same weights, input, beam and threads.
+"""nmt against CTranslate2 on the same weights, input, searches and threads, paired.
 
-Exports the checkpoint to CTranslate2, decodes the same length-sorted batches with
-nmt.Translator (what nmt-generate runs) and with ctranslate2.Translator, and prints target
-tokens/s and sentences/s of each (EOS counted, as nmt-generate counts) with the ratio
-nmt / CTranslate2 from this one run, plus how many translations are identical.
-Tokenization, model loading and warm-up are outside the timing.
+Six engines translate the same length-sorted batches: nmt fp32, nmt int8 and nmt int8
+with a shortlist (what nmt-generate runs: Translator.load with precision= and shortlist=)
+against CTranslate2 float32, int8 and int8 with the same shortlist as its vocabulary map
+(the checkpoint exported by nmt-export, vmap= for the last). For every search (--beams)
+and thread count (--threads) the engines take turns (common.interleave: a balanced order,
+--turns times), so the machine's drift hits them alike; each turn is timed in wall and
+CPU seconds (this process, all threads). Reported per engine: sentences and target tokens
+per second and per CPU-second, BLEU against --ref, how many translations equal nmt
+fp32's; per nmt engine, its speed over its CTranslate2 counterpart's with a 95% bootstrap
+interval over the turns (> 1: nmt is faster). Tokenization, loading and a warm-up batch
+are outside the timing; OpenMP threads wait passively (common.main's `passive`).
 
-On the CPU CTranslate2 runs float32 and int8; with `--device cuda` (a CUDA build of torch
-and of ctranslate2) float32 and float16, each clock read after torch.cuda.synchronize,
-and nmt in `--precision` (fp32, bf16 or fp16), e.g. issue 20's comparison:
+With `--device cuda` (a CUDA build of torch and of ctranslate2) nmt in `--precision`
+(fp32, bf16 or fp16) runs against CTranslate2 float32 and float16, each clock read after
+torch.cuda.synchronize, e.g. issue 20's comparison:
 
     .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
-        --device cuda --precision fp16 --beam 4 --max-sentences 128
+        --device cuda --precision fp16 --beams 4 --threads 1 --max-sentences 128
 
-    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint runs/demo/checkpoint_best.pt
-    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint ckpt.pt --input test.en \\
-        --beam 5 --threads 2 --max-sentences 64 --profile
+On the CPU `--precision` is the precision of nmt's float engine (fp32 or bf16), which
+the int8 engines join; the translations of every engine are compared with that one's.
+
+    .venv/bin/python -m benchmarks.ctranslate2 --checkpoint runs/m30k/checkpoint_avg_last5.pt \\
+        --input ../shared/data/multi30k/test_2016_flickr.en \\
+        --ref ../shared/data/multi30k/test_2016_flickr.de \\
+        --shortlist data-bin/multi30k/shortlist.txt --beams 5 1 --threads 1 2 --turns 3
     .venv/bin/python -m benchmarks.ctranslate2 --preset small --spm work/bench/data-bin/spm.model \\
-        --input ../shared/data/multi30k/test_2016_flickr.en
+        --input ../shared/data/multi30k/test_2016_flickr.en --lines 256 --max-len-b 30
 
 --preset benchmarks a random model of a configs/model preset instead of a trained one:
 speed depends on shapes, not on weight values. Its output layer never chooses </s>, so
 every sentence is decoded to exactly --max-len-b tokens; nmt then runs one more step that
 forces </s>, CTranslate2 stops without it, and both are credited --max-len-b + 1 tokens.
+Without --shortlist the two shortlist engines are left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,41 +55,57 @@ from nmt.data.vocab import EOS
 from nmt.generation.config import SearchConfig
 from nmt.generation.io import Source, make_batches
 from nmt.generation.translator import Translator
-from nmt.runtime import Runtime
 
 NAME = "ctranslate2"
 
-
-def timed(
-    fn: Callable[[], int], repeat: int, sync: Callable[[], None] | None = None
-) -> tuple[float, float, int]:
-    """Best wall time and best CPU time (all threads of this process) of `repeat` runs of
-    fn, which returns the tokens it produced. CPU time is the figure that survives a
-    machine shared with other jobs; wall time is what a user waits. `sync`: see
-    common.timed (torch.cuda.synchronize on a GPU)."""
-    wall = cpu = float("inf")
-    tokens = 0
-    for _ in range(repeat):
-        with common.timed(sync) as t:
-            tokens = fn()
-        wall, cpu = min(wall, t.wall), min(cpu, t.cpu)
-    return wall, cpu, tokens
-
-
-def line(name: str, tokens: int, wall: float, cpu: float, sentences: int) -> str:
-    wall, cpu = max(wall, 1e-9), max(cpu, 1e-9)
-    return (
-        f"{name:19s} {tokens / wall:8.0f} tokens/s wall ({wall:6.2f} s, "
-        f"{sentences / wall:7.1f} sentences/s)  {tokens / cpu:8.0f} tokens/CPU-s ({cpu:6.2f} s)"
-    )
-
-
-# CTranslate2's (quantization at export, compute_type at load) per device: float32 is
-# compared with nmt's fp32 for identical translations, the others for speed.
-CT2_TYPES = {
-    "cpu": (("none", "float32"), ("int8", "int8")),
-    "cuda": (("none", "float32"), ("none", "float16")),
+# name -> (engine, nmt precision or CTranslate2 compute type, shortlist / vmap)
+ENGINES = {
+    "nmt fp32": ("nmt", "fp32", False),
+    "nmt bf16": ("nmt", "bf16", False),
+    "nmt fp16": ("nmt", "fp16", False),
+    "nmt int8": ("nmt", "int8", False),
+    "nmt int8+shortlist": ("nmt", "int8", True),
+    "ctranslate2 float32": ("ctranslate2", "float32", False),
+    "ctranslate2 float16": ("ctranslate2", "float16", False),
+    "ctranslate2 int8": ("ctranslate2", "int8", False),
+    "ctranslate2 int8+vmap": ("ctranslate2", "int8", True),
 }
+# the engines run when --engines is not given; "nmt {precision}" is nmt's float engine
+DEFAULT_ENGINES = {
+    "cpu": (
+        "nmt {precision}",
+        "nmt int8",
+        "nmt int8+shortlist",
+        "ctranslate2 float32",
+        "ctranslate2 int8",
+        "ctranslate2 int8+vmap",
+    ),
+    "cuda": ("nmt {precision}", "ctranslate2 float32", "ctranslate2 float16"),
+}
+ONLY_ON = {  # precisions and compute types that run on one device only
+    "int8": "cpu",  # nmt's int8 is fbgemm's (x86 CPUs)
+    "fp16": "cuda",
+    "float16": "cuda",
+}
+PEERS = {  # each nmt engine against its CTranslate2 counterpart: the first one run
+    "nmt fp32": ("ctranslate2 float32",),
+    "nmt bf16": ("ctranslate2 float16", "ctranslate2 float32"),
+    "nmt fp16": ("ctranslate2 float16",),
+    "nmt int8": ("ctranslate2 int8",),
+    "nmt int8+shortlist": ("ctranslate2 int8+vmap",),
+}
+
+Output = tuple[list[str], int]  # translations in input order, target tokens (</s> counted)
+Run = Callable[[int, int], Output]  # (beam, threads) -> Output
+
+
+@dataclass
+class Result:
+    """One engine at one setting: its turns and what it translated."""
+
+    timings: list[common.Timing] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    tokens: int = 0
 
 
 def random_checkpoint(preset: str, spm_path: str | Path, out: Path) -> Path:
@@ -150,9 +178,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="source text, one sentence a line",
     )
     ap.add_argument(
+        "--ref", type=common.existing_file, help="reference translations: BLEU per engine"
+    )
+    ap.add_argument(
+        "--shortlist",
+        type=common.existing_file,
+        help="shortlist file (nmt-shortlist): nmt's shortlist= and CTranslate2's vmap",
+    )
+    ap.add_argument(
         "--lines", type=common.nonnegative_int, default=0, help="use the first N lines (0: all)"
     )
-    ap.add_argument("--beam", type=common.positive_int, default=5)
+    ap.add_argument(
+        "--beams",
+        type=common.positive_int,
+        nargs="+",
+        default=[5, 1],
+        help="beam sizes to run (1: greedy)",
+    )
     ap.add_argument("--lenpen", type=float, default=1.0)
     ap.add_argument(
         "--max-len-b",
@@ -166,38 +208,164 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--threads",
         type=common.positive_int,
-        default=2,
-        help="torch threads = CTranslate2 intra_threads",
+        nargs="+",
+        default=[1, 2],
+        help="thread counts to run: torch threads = CTranslate2 intra_threads",
     )
     ap.add_argument(
-        "--repeat", type=common.positive_int, default=2, help="timed runs per engine (best is kept)"
+        "--engines",
+        nargs="+",
+        choices=list(ENGINES),
+        metavar="ENGINE",
+        help=f"run only these (default: all of {', '.join(repr(e) for e in ENGINES)})",
+    )
+    ap.add_argument(
+        "--turns", type=common.positive_int, default=3, help="timed runs of every engine"
     )
     ap.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="where both engines run (cuda: CTranslate2 float32 and float16)",
+        help="where all engines run (cuda: nmt against CTranslate2 float32 and float16)",
     )
     ap.add_argument(
         "--precision",
         choices=["fp32", "bf16", "fp16"],
         default="fp32",
-        help="nmt's precision (fp16 needs --device cuda)",
+        help="nmt's float engine (fp16 needs --device cuda)",
     )
-    ap.add_argument("--profile", action="store_true", help="also print where nmt's time goes")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print where each nmt engine's time goes (first beam and thread count)",
+    )
     return ap
 
 
+def engine_names(args: argparse.Namespace) -> list[str]:
+    """The engines to run: --engines or the device's defaults, each checked against it."""
+    if args.precision == "fp16" and args.device != "cuda":
+        raise common.BenchError("--precision fp16: needs --device cuda; use fp32 or bf16")
+    defaults = [n.format(precision=args.precision) for n in DEFAULT_ENGINES[args.device]]
+    names = list(args.engines or defaults)
+    for name in names:
+        device = ONLY_ON.get(ENGINES[name][1], args.device)
+        if device != args.device:
+            raise common.BenchError(
+                f"--engines {name!r}: runs on --device {device} only; leave it out"
+            )
+    names = [n for n in names if args.shortlist is not None or not ENGINES[n][2]]
+    if not names:
+        raise common.BenchError("--engines: the shortlist engines need --shortlist FILE")
+    return names
+
+
+def _batches(args: argparse.Namespace, checkpoint: str) -> tuple[Any, list[list[Source]]]:
+    """The checkpoint's bundle and the input as length-sorted batches of Sources."""
+    with open(args.input, encoding="utf-8") as f:
+        lines = [normalize_text(line, False) for line in f]
+    lines = lines[: args.lines] if args.lines else lines
+    bundle = load_for_inference(checkpoint, "cpu")
+    if bundle.data.get("normalization", {}).get("nfkc", False):
+        lines = [normalize_text(t, True) for t in lines]
+    tok = bundle.src_tokenizer
+    sources = [
+        Source(i, np.array(tok.encode(t) + [EOS], dtype=np.int64), t) for i, t in enumerate(lines)
+    ]
+    return bundle, make_batches(sources, 0, args.max_sentences)
+
+
+def nmt_engine(
+    checkpoint: str,
+    precision: str,
+    shortlist: Path | None,
+    args: argparse.Namespace,
+    batches: list[list[Source]],
+) -> Run:
+    """nmt-generate's Translator with `precision` (and `shortlist`), one search per beam."""
+
+    def search(beam: int) -> SearchConfig:
+        return SearchConfig(beam=beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
+
+    base = Translator.load(  # exact fp32 (no TF32) on a GPU, as nmt-generate
+        checkpoint,
+        search(args.beams[0]),
+        device=args.device,
+        precision=precision,
+        max_sentences=args.max_sentences,
+        shortlist=shortlist,
+    )
+    translators = {beam: base.with_search(search(beam)) for beam in args.beams}
+    total = sum(len(b) for b in batches)
+
+    def run(beam: int, threads: int) -> Output:
+        torch.set_num_threads(threads)
+        texts, tokens = [""] * total, 0
+        translator = translators[beam]
+        for batch in batches:  # one call per batch: CTranslate2 gets the same batches
+            for s, hyps in zip(batch, translator.translate_ids([s.ids for s in batch])):
+                texts[s.index] = translator.tgt_tokenizer.decode(hyps[0].tokens)
+                tokens += len(hyps[0].tokens)
+        return texts, tokens
+
+    return run
+
+
+def ct2_engine(
+    model_dir: Path,
+    compute_type: str,
+    vmap: bool,
+    args: argparse.Namespace,
+    batches: list[list[Source]],
+    pieces: dict[int, list[str]],
+    decode: Callable[[list[str]], str],
+) -> Run:
+    """ctranslate2.Translator on the exported model, one per thread count."""
+    import ctranslate2
+
+    translators = {
+        t: ctranslate2.Translator(
+            str(model_dir),
+            device=args.device,
+            compute_type=compute_type,
+            intra_threads=t,
+            inter_threads=1,
+        )
+        for t in args.threads
+    }
+    total = sum(len(b) for b in batches)
+
+    def run(beam: int, threads: int) -> Output:
+        texts, tokens = [""] * total, 0
+        for batch in batches:
+            try:
+                results = translators[threads].translate_batch(
+                    [pieces[s.index] for s in batch],
+                    beam_size=beam,
+                    length_penalty=args.lenpen,
+                    max_decoding_length=args.max_len_b,
+                    max_batch_size=0,
+                    use_vmap=vmap,
+                )
+            except RuntimeError as exc:  # 4.x opens libcublas.so.12: a CUDA 13 system lacks it
+                if "not found or cannot be loaded" not in str(exc):
+                    raise
+                raise common.BenchError(f"--device {args.device}: ctranslate2: {exc}") from None
+            for s, r in zip(batch, results):
+                texts[s.index] = decode(r.hypotheses[0])
+                tokens += len(r.hypotheses[0]) + 1  # + </s>, which CTranslate2 does not return
+        return texts, tokens
+
+    return run
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from nmt.interop.ctranslate2_export import export_ctranslate2, require_ctranslate2
+    from nmt.interop.ctranslate2_export import require_ctranslate2
 
     if bool(args.checkpoint) == bool(args.preset) or bool(args.preset) != bool(args.spm):
         raise common.BenchError("give --checkpoint, or --preset with --spm")
     if args.checkpoint and not Path(args.checkpoint).is_file():
         raise common.BenchError(f"--checkpoint {args.checkpoint}: no such file")
-    search = SearchConfig(
-        beam=args.beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b
-    )
     ct2 = require_ctranslate2()
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -206,149 +374,196 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise common.BenchError(
             f"--device cuda: this ctranslate2 ({ct2.__version__}) sees no CUDA device"
         )
-    if args.precision == "fp16" and not cuda:
-        raise common.BenchError("--precision fp16: needs --device cuda; use fp32 or bf16")
-    device = torch.device(args.device)
+    names = engine_names(args)
+    device = torch.cuda.get_device_name(0) if cuda else common.cpu_model()
     sync = torch.cuda.synchronize if cuda else None
-    torch.set_num_threads(args.threads)
-    tmp = tempfile.TemporaryDirectory()
-    with open(args.input, encoding="utf-8") as f:
-        lines = [normalize_text(line, False) for line in f]
-    lines = lines[: args.lines] if args.lines else lines
-    if args.preset:
-        args.checkpoint = str(
-            random_checkpoint(args.preset, args.spm, Path(tmp.name) / "random.pt")
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint or str(
+            random_checkpoint(args.preset, args.spm, Path(tmp) / "random.pt")
         )
-
-    bundle = load_for_inference(args.checkpoint, device)
-    tok = bundle.src_tokenizer
-    if bundle.data.get("normalization", {}).get("nfkc", False):
-        lines = [normalize_text(t, True) for t in lines]
-    sources = [
-        Source(i, np.array(tok.encode(t) + [EOS], dtype=np.int64), t) for i, t in enumerate(lines)
-    ]
-    batches = make_batches(sources, 0, args.max_sentences)
-    pieces = {s.index: tok.encode_as_pieces(s.text) for s in sources}
-
-    translator = Translator(
-        [cast(Any, bundle.model)],
-        bundle.src_tokenizer,
-        bundle.tgt_tokenizer,
-        search=search,
-        runtime=Runtime(device, args.precision),  # exact fp32: no TF32, as nmt-generate
-        max_sentences=args.max_sentences,
-    )
-    nmt_out: dict[int, list[int]] = {}
-
-    def run_nmt() -> int:
-        n = 0
-        for batch in batches:  # one call per batch: CTranslate2 gets the same batches
-            for s, hyps in zip(batch, translator.translate_ids([s.ids for s in batch])):
-                nmt_out[s.index] = hyps[0].tokens.tolist()
-                n += len(hyps[0].tokens)
-        return n
-
-    run_nmt()  # warm-up
-    nmt_wall, nmt_cpu, nmt_tokens = timed(run_nmt, args.repeat, sync)
-    cfg = bundle.model_config
-    print(
-        f"model: {args.preset or args.checkpoint}: {cfg.encoder_layers}+{cfg.decoder_layers} layers, "
-        f"{cfg.embed_dim} dim, {cfg.ffn_dim} FFN, vocab {bundle.data['tgt_vocab_size']}"
-    )
-    print(
-        f"sentences {len(sources)}, batches {len(batches)} (<= {args.max_sentences} sentences), "
-        f"beam {args.beam}, lenpen {args.lenpen}, threads {args.threads}, torch {torch.__version__}, "
-        f"ctranslate2 {ct2.__version__}, "
-        + (torch.cuda.get_device_name(device) if cuda else f"CPU: {common.cpu_model()}")
-    )
-    print(
-        f"output: {nmt_tokens} target tokens, {nmt_tokens / len(sources):.1f} per sentence (</s> included)"
-    )
-    print(line(f"nmt {args.precision}", nmt_tokens, nmt_wall, nmt_cpu, len(sources)))
+        bundle, batches = _batches(args, checkpoint)
+        refs = None
+        if args.ref is not None:
+            refs = args.ref.read_text(encoding="utf-8").splitlines()
+            n = sum(len(b) for b in batches)
+            if len(refs) < n:
+                raise common.BenchError(f"--ref {args.ref}: {len(refs)} lines for {n} inputs")
+            refs = refs[:n]
+        engines = _engines(names, args, checkpoint, bundle, batches, Path(tmp))
+        where = device if cuda else f"CPU: {device}"
+        _describe(args, checkpoint, bundle, batches, names, f"{ct2.__version__}, {where}")
+        settings = []
+        for beam in args.beams:
+            for threads in args.threads:
+                settings.append(_setting(beam, threads, names, engines, args.turns, refs, sync))
+        if args.profile:
+            _profile(args, names, engines)
     figures: dict[str, Any] = {
         "model": args.preset or args.checkpoint,
-        "sentences": len(sources),
+        "sentences": sum(len(b) for b in batches),
         "batches": len(batches),
-        "beam": args.beam,
         "lenpen": args.lenpen,
-        "threads": args.threads,
-        "device": torch.cuda.get_device_name(device) if cuda else common.cpu_model(),
+        "max_len_b": args.max_len_b,
+        "device": device,
         "precision": args.precision,
+        "turns": args.turns,
+        "shortlist": None if args.shortlist is None else str(args.shortlist),
         "ctranslate2": ct2.__version__,
-        "nmt": {
-            "tokens": nmt_tokens,
-            "sentences_per_s": len(sources) / max(nmt_wall, 1e-9),
-            "wall": nmt_wall,
-            "cpu": nmt_cpu,
-        },
+        "settings": settings,
     }
+    return figures
 
+
+def _engines(
+    names: Sequence[str],
+    args: argparse.Namespace,
+    checkpoint: str,
+    bundle: Any,
+    batches: list[list[Source]],
+    tmp: Path,
+) -> dict[str, Run]:
+    """Load every engine (exporting the CTranslate2 models it needs)."""
     import sentencepiece as spm
 
+    from nmt.interop.ctranslate2_export import export_ctranslate2
+
+    src = bundle.src_tokenizer
+    pieces = {s.index: src.encode_as_pieces(s.text) for batch in batches for s in batch}
     tgt = spm.SentencePieceProcessor(model_proto=bundle.tgt_tokenizer.model_bytes)
-    with tmp:
-        for quantization, compute_type in CT2_TYPES[args.device]:
-            out = Path(tmp.name) / quantization
-            if not out.exists():
-                export_ctranslate2(args.checkpoint, out, quantization)
-            peer = ct2.Translator(
-                str(out),
-                device=args.device,
-                compute_type=compute_type,
-                intra_threads=args.threads,
-                inter_threads=1,
-            )
-            ct2_out: dict[int, list[str]] = {}
+    engines: dict[str, Run] = {}
+    for name in names:
+        kind, precision, reduced = ENGINES[name]
+        if kind == "nmt":
+            shortlist = args.shortlist if reduced else None
+            engines[name] = nmt_engine(checkpoint, precision, shortlist, args, batches)
+            continue
+        # float16 is a compute type of the float32 export (GPU); int8 an export of its own
+        quantization = "int8" if precision == "int8" else "none"
+        out = tmp / f"{quantization}{'-vmap' if reduced else ''}"
+        if not out.exists():
+            vmap = args.shortlist if reduced else None
+            export_ctranslate2(checkpoint, out, quantization, vmap=vmap)
+        engines[name] = ct2_engine(out, precision, reduced, args, batches, pieces, tgt.decode)
+    return engines
 
-            def run_ct2(peer=peer, ct2_out=ct2_out) -> int:
-                n = 0
-                for batch in batches:
-                    results = peer.translate_batch(
-                        [pieces[s.index] for s in batch],
-                        beam_size=args.beam,
-                        length_penalty=args.lenpen,
-                        max_decoding_length=args.max_len_b,
-                        max_batch_size=0,
-                    )
-                    for s, r in zip(batch, results):
-                        ct2_out[s.index] = r.hypotheses[0]
-                        n += len(r.hypotheses[0]) + 1  # + EOS, which CTranslate2 does not return
-                return n
 
-            try:
-                run_ct2()  # warm-up; loads CTranslate2's CUDA libraries on a GPU
-            except RuntimeError as exc:  # 4.x opens libcublas.so.12: a CUDA 13 system lacks it
-                if "not found or cannot be loaded" not in str(exc):
-                    raise
-                raise common.BenchError(f"--device {args.device}: ctranslate2: {exc}") from None
-            ct2_wall, ct2_cpu, ct2_tokens = timed(run_ct2, args.repeat, sync)
-            same = sum(
-                ct2_out[i] == [tgt.id_to_piece(t) for t in nmt_out[i] if t != EOS] for i in nmt_out
-            )
-            print(line(f"ctranslate2 {compute_type}", ct2_tokens, ct2_wall, ct2_cpu, len(sources)))
-            wall_ratio = (nmt_tokens * ct2_wall) / max(ct2_tokens * nmt_wall, 1e-9)
-            cpu_ratio = (nmt_tokens * ct2_cpu) / max(ct2_tokens * nmt_cpu, 1e-9)
-            print(
-                f"    nmt/ctranslate2 {compute_type}: {wall_ratio:.2f}x wall, {cpu_ratio:.2f}x "
-                f"CPU; identical translations {same}/{len(nmt_out)}"
-            )
-            figures[f"ctranslate2_{compute_type}"] = {
-                "tokens": ct2_tokens,
-                "sentences_per_s": len(sources) / max(ct2_wall, 1e-9),
-                "wall": ct2_wall,
-                "cpu": ct2_cpu,
-                "nmt_over_ctranslate2_wall": wall_ratio,
-                "nmt_over_ctranslate2_cpu": cpu_ratio,
-                "identical_translations": same,
-            }
+def _describe(
+    args: argparse.Namespace,
+    checkpoint: str,
+    bundle: Any,
+    batches: list[list[Source]],
+    names: Sequence[str],
+    version: str,
+) -> None:
+    cfg = bundle.model_config
+    print(
+        f"model: {args.preset or checkpoint}: {cfg.encoder_layers}+{cfg.decoder_layers} "
+        f"layers, {cfg.embed_dim} dim, {cfg.ffn_dim} FFN, vocab {bundle.data['tgt_vocab_size']}"
+    )
+    print(
+        f"sentences {sum(len(b) for b in batches)}, batches {len(batches)} (<= "
+        f"{args.max_sentences} sentences), lenpen {args.lenpen}, torch {torch.__version__}, "
+        f"ctranslate2 {version}; engines: {', '.join(names)}; {args.turns} turns each"
+    )
 
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run_nmt()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+def _setting(
+    beam: int,
+    threads: int,
+    names: Sequence[str],
+    engines: dict[str, Run],
+    turns: int,
+    refs: list[str] | None,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Every engine at one beam and thread count, interleaved; figures and a table.
+    `sync`: see common.timed (torch.cuda.synchronize on a GPU)."""
+    results = {name: Result() for name in names}
+
+    def contestant(name: str) -> Callable[[int], None]:
+        def turn(_: int) -> None:
+            results[name].texts, results[name].tokens = engines[name](beam, threads)
+
+        return turn
+
+    for name in names:  # warm-up: weights paged in, buffers allocated, threads started
+        engines[name](beam, threads)
+    timings = common.interleave([contestant(n) for n in names], turns, sync=sync)
+    for name, t in zip(names, timings):
+        results[name].timings = t
+    sentences = len(results[names[0]].texts)
+    # every engine's translations against nmt's float engine (the first nmt one not int8)
+    ref_name = next((n for n in names if ENGINES[n][0] == "nmt" and ENGINES[n][1] != "int8"), None)
+    reference = None if ref_name is None else results[ref_name]
+    figures: dict[str, Any] = {
+        "beam": beam,
+        "threads": threads,
+        "reference": ref_name,
+        "engines": {},
+        "ratios": {},
+    }
+    rows = []
+    for name in names:
+        r = results[name]
+        wall = sum(t.wall for t in r.timings) / turns
+        cpu = sum(t.cpu for t in r.timings) / turns
+        bleu = None
+        if refs is not None:
+            from nmt.scoring import corpus_bleu
+
+            bleu = corpus_bleu(r.texts, [refs]).score
+        same = None if reference is None else sum(a == b for a, b in zip(r.texts, reference.texts))
+        figures["engines"][name] = {
+            "sentences_per_s": sentences / wall,
+            "sentences_per_cpu_s": sentences / cpu,
+            "tokens_per_s": r.tokens / wall,
+            "tokens": r.tokens,
+            "wall": wall,
+            "cpu": cpu,
+            "bleu": bleu,
+            "same_as_reference": same,
+        }
+        ratio = ""
+        peer = next((p for p in PEERS.get(name, ()) if p in results), None)
+        if peer is not None:
+            paired = common.paired_ratios(results[peer].timings, r.timings)
+            figures["ratios"][name] = {"peer": peer, **paired}
+            ratio = f"{paired['wall'].ratio:.2f}x / {paired['cpu'].ratio:.2f}x"
+            ratio += f" (CPU ±{paired['cpu'].noise:.2f})"
+        rows.append(
+            [
+                name,
+                f"{sentences / wall:,.1f}",
+                f"{sentences / cpu:,.1f}",
+                f"{r.tokens / wall:,.0f}",
+                "-" if bleu is None else f"{bleu:.2f}",
+                "-" if same is None else f"{same}/{sentences}",
+                ratio,
+            ]
+        )
+    header = [
+        f"beam {beam}, {threads} thread{'s' if threads > 1 else ''}",
+        "sentences/s",
+        "sentences/CPU-s",
+        "tokens/s",
+        "BLEU",
+        f"same as {ref_name or '-'}",
+        "nmt / CTranslate2 counterpart (wall / CPU)",
+    ]
+    print(common.markdown_table(header, rows), flush=True)
     return figures
+
+
+def _profile(args: argparse.Namespace, names: Sequence[str], engines: dict[str, Run]) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    for name in names:
+        if ENGINES[name][0] != "nmt":
+            continue
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            engines[name](args.beams[0], args.threads[0])
+        print(f"# where {name}'s time goes (beam {args.beams[0]}, {args.threads[0]} threads)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":

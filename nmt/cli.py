@@ -300,6 +300,10 @@ def generate_main() -> None:
     main("generate")
 
 
+def shortlist_main() -> None:
+    main("shortlist")
+
+
 def export_main() -> None:
     main("export")
 

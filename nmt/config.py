@@ -31,6 +31,13 @@ def _preprocess() -> CommandSpec:
     return CommandSpec("preprocess", PreprocessConfig, preprocess.run)
 
 
+def _shortlist() -> CommandSpec:
+    from nmt.commands import shortlist
+    from nmt.data.config import ShortlistConfig
+
+    return CommandSpec("shortlist", ShortlistConfig, shortlist.run)
+
+
 def _score() -> CommandSpec:
     from nmt.commands import score
     from nmt.scoring import ScoreConfig
@@ -98,6 +105,7 @@ COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "average": _average,
     "score": _score,
     "generate": _generate,
+    "shortlist": _shortlist,
     "export": _export,
     "import_fairseq": _import_fairseq,
     "serve": _serve,

@@ -4,6 +4,8 @@ Training and generation both go through here, so `device=` and `precision=` mean
 in every command:
     device     auto (the GPU of this rank when CUDA is there, else cpu) | cpu | cuda | cuda:N
     precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast, CUDA only)
+               | int8 (inference only, CPU only: int8 weights and fbgemm's int8 kernels in
+               the linear layers, nmt.model.quantize; fp32 elsewhere)
 Under torchrun each rank takes the GPU of its LOCAL_RANK: `device=cuda` and `device=auto`
 mean cuda:LOCAL_RANK, and a fixed `cuda:N` is refused (every rank would share one GPU).
 A launcher that shows each process only its own GPU (CUDA_VISIBLE_DEVICES per rank, as
@@ -21,8 +23,10 @@ import torch
 
 from nmt.errors import NmtError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16")  # training and inference
+INFERENCE_PRECISIONS = (*PRECISIONS, "int8")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+INT8_ENGINES = ("x86", "fbgemm")  # torch's quantized engines with fbgemm's int8 GEMM
 
 
 def resolve_device(
@@ -77,12 +81,38 @@ def _rank_gpu(local_rank: int, distributed: bool, key: str, name: str) -> int:
     )
 
 
-def check_precision(precision: str, device: torch.device, key: str = "precision") -> None:
-    """NmtError unless `precision` is known and runs on `device`."""
-    if precision not in PRECISIONS:
-        raise NmtError(f"{key}={precision}: unknown; use one of {', '.join(PRECISIONS)}")
+def check_precision(
+    precision: str, device: torch.device, key: str = "precision", *, inference: bool = False
+) -> None:
+    """NmtError unless `precision` is known and runs on `device` (for training, or with
+    `inference` for translation, which also has int8)."""
+    if precision == "int8" and not inference:
+        raise NmtError(
+            f"{key}=int8: for translation only (nmt-generate, nmt-serve, Translator); train "
+            f"with {key}=fp32 or bf16, then translate with {key}=int8"
+        )
+    allowed = INFERENCE_PRECISIONS if inference else PRECISIONS
+    if precision not in allowed:
+        raise NmtError(f"{key}={precision}: unknown; use one of {', '.join(allowed)}")
     if precision == "fp16" and device.type != "cuda":
         raise NmtError(f"{key}=fp16: needs a CUDA device; use {key}=bf16 or fp32 on the CPU")
+    if precision == "int8":
+        if device.type != "cpu":
+            raise NmtError(
+                f"{key}=int8: runs on the CPU only (torch's int8 kernels are CPU kernels); "
+                f"use device=cpu, or {key}=bf16 or fp16 on {device}"
+            )
+        if int8_engine() is None:
+            raise NmtError(
+                f"{key}=int8: this build of torch has no fbgemm int8 kernels (x86-64 builds "
+                f"have them); use {key}=fp32 or bf16"
+            )
+
+
+def int8_engine() -> str | None:
+    """The quantized engine int8 inference runs on in this build of torch, or None."""
+    supported = torch.backends.quantized.supported_engines
+    return next((e for e in INT8_ENGINES if e in supported), None)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -140,15 +170,16 @@ def setup(
     tf32: bool = True,
     device_key: str = "device",
     precision_key: str = "precision",
+    inference: bool = False,
 ) -> Runtime:
     """Resolve and check device and precision, then set threads and TF32 for the process.
 
-    The `*_key` arguments name the config keys in errors.
+    The `*_key` arguments name the config keys in errors; `inference` admits int8.
     """
     resolved = resolve_device(
         device, local_rank=local_rank, distributed=distributed, key=device_key
     )
-    check_precision(precision, resolved, key=precision_key)
+    check_precision(precision, resolved, key=precision_key, inference=inference)
     set_threads(threads)
     if tf32:
         enable_tf32(resolved)

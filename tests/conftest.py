@@ -5,6 +5,8 @@
 tests/integration/test_preprocess_cli.py) into a temporary directory, by
 `nmt.data.build_data_dir`. Training, generation and end-to-end tests build on it instead of
 preprocessing again.
+`tiny_trained_checkpoint` (session): a tiny model trained briefly on it, for tests of
+search, batching and decoding options that need a model which has learned something.
 `small_corpus` / `preprocess_config`: a few hundred demo lines and a fast config for tests
 that preprocess themselves.
 """
@@ -71,6 +73,16 @@ def demo_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     build_data_dir(cfg)
     return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_trained_checkpoint(demo_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests.helpers.tiny_config trained for 60 updates on `demo_data_dir`."""
+    from tests.helpers import run_training, tiny_config
+
+    run = tmp_path_factory.mktemp("tiny-trained-run")
+    run_training(tiny_config(demo_data_dir, run, max_update=60))
+    return run / "checkpoint_last.pt"
 
 
 @pytest.fixture

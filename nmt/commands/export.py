@@ -19,7 +19,7 @@ def run(cfg: ExportConfig) -> int:
     from nmt.interop.ctranslate2_export import export_ctranslate2
 
     info = export_ctranslate2(
-        str(cfg.checkpoint), str(cfg.output_dir), cfg.quantization, cfg.overwrite
+        str(cfg.checkpoint), str(cfg.output_dir), cfg.quantization, cfg.overwrite, cfg.vmap
     )
     print(
         f"wrote CTranslate2 model {cfg.output_dir} ({info['src_lang']}->{info['tgt_lang']}, "

@@ -258,3 +258,45 @@ class PreprocessConfig:
                 f"on_invalid_utf8={_plain_value(self.on_invalid_utf8)}: unknown; use "
                 + ", ".join(InvalidUtf8.__members__)
             )
+
+
+@dataclass
+class ShortlistConfig:
+    """`nmt-shortlist`: a data dir's parallel training data -> a target-vocabulary
+    shortlist file (a CTranslate2 vocabulary map) for nmt-generate shortlist=."""
+
+    data: Optional[str] = None  # data dir written by nmt-preprocess (required)
+    split: str = "train"  # the parallel split the lexical table is learned from
+    output: Optional[str] = None  # the shortlist file; null = <data>/shortlist.txt
+    topk: int = 50  # target candidates kept per source piece (by p(target | source))
+    frequent: int = 100  # most frequent target pieces, candidates for every sentence
+    iterations: int = 5  # EM iterations of IBM Model 1 (the lexical table)
+    max_pairs: int = 1000000  # sentence pairs read (a seeded sample of bigger splits); 0 = all
+    seed: int = 1  # the sample's seed
+    check_split: Optional[str] = "valid"  # report candidates and coverage on it (null: skip)
+    overwrite: bool = False  # replace an existing output file
+    progress: bool = True  # tqdm bar on stderr
+    debug: bool = False  # show tracebacks instead of one-line errors
+
+    def validate(self) -> None:
+        """Raise NmtError naming the first option that cannot work (the data dir itself
+        is checked when building)."""
+        if not self.data:
+            raise NmtError(
+                f"data={self.data}: required; give the data dir the model was trained on"
+            )
+        if not self.split:
+            raise NmtError(f"split={self.split!r}: empty; name a split of the data dir (train)")
+        if self.topk < 1:
+            raise NmtError(f"topk={self.topk}: must be 1 or more; e.g. 50 candidates per piece")
+        if self.frequent < 0:
+            raise NmtError(f"frequent={self.frequent}: must not be negative; use 0 for none")
+        if self.iterations < 1:
+            raise NmtError(f"iterations={self.iterations}: must be 1 or more; e.g. 5")
+        if self.max_pairs < 0:
+            raise NmtError(f"max_pairs={self.max_pairs}: must not be negative; use 0 for all")
+
+    @property
+    def output_path(self) -> Path:
+        """output=, or shortlist.txt in the data dir."""
+        return Path(self.output) if self.output else Path(str(self.data)) / "shortlist.txt"

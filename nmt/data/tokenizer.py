@@ -98,6 +98,10 @@ class Tokenizer:
     def encode_as_pieces(self, text: str) -> list[str]:
         return self._sp.encode(text, out_type=str)
 
+    def pieces(self) -> list[str]:
+        """Every piece, in id order (piece i has id i)."""
+        return self._sp.id_to_piece(list(range(self.vocab_size)))
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; bos, pad, eos and unk are dropped. Accepts lists, arrays, tensors."""
         if hasattr(ids, "tolist"):

@@ -28,10 +28,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.data.lexical import Shortlist
 from nmt.data.vocab import EOS, PAD
 from nmt.generation.config import SearchConfig
 from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors
 from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
+from nmt.generation.shortlist import BatchVocab, batch_vocab
 from nmt.model.cache import CacheMemory
 from nmt.model.transformer import Transformer
 
@@ -66,8 +68,11 @@ class _Member:
         expand: Tensor,
         cache_args: dict | None,
         padded: bool,
+        vocab: BatchVocab | None = None,
     ):
         self.model = model
+        # the output layer over the batch's shortlist (its rows of the weights), or None
+        self.output = None if vocab is None else model.output_layer(vocab.ids)
         self.enc = model.encode(src_tokens, padded)  # one row per sentence
         self.cache = model.new_cache(**cache_args) if cache_args is not None else None
         if self.cache is None:  # the uncached decoder needs a source row per decoder row
@@ -76,11 +81,16 @@ class _Member:
         # share: K times less to project, store, read and move)
 
     def step(self, tokens: Tensor, attn_layer: int | None) -> tuple[Tensor, Tensor | None]:
-        """tokens [R,1+t] decoder input so far -> (logits [R,V], attn [R,S] | None)."""
+        """tokens [R,1+t] decoder input so far -> (logits [R,V] (V' with a shortlist),
+        attn [R,S] | None)."""
+        # (the output layer is passed only with a shortlist: any decode() works without)
+        extra = {} if self.output is None else {"output": self.output}
         if self.cache is not None:
-            logits, attn = self.model.decode(tokens[:, -1:], self.enc, self.cache, attn_layer)
+            logits, attn = self.model.decode(
+                tokens[:, -1:], self.enc, self.cache, attn_layer, **extra
+            )
         else:  # the uncached baseline: the whole prefix again
-            logits, attn = self.model.decode(tokens, self.enc, None, attn_layer)
+            logits, attn = self.model.decode(tokens, self.enc, None, attn_layer, **extra)
         return logits[:, -1], None if attn is None else attn[:, -1]
 
     def reorder(self, order: Tensor, kept: Tensor | None) -> None:
@@ -194,14 +204,21 @@ class SequenceGenerator:
     Ensemble members must share the target vocabulary; their log-probabilities are
     averaged. Models must be in eval mode; autocast (bf16/fp16) is the caller's context.
     One generator decodes one batch at a time (its cache memory is shared by its calls).
+    With a `shortlist`, each batch is decoded over its sentences' candidate target tokens
+    only (see nmt.generation.shortlist).
     """
 
     def __init__(
-        self, models: Sequence[Transformer], search: SearchConfig, attn_layer: int | None = None
+        self,
+        models: Sequence[Transformer],
+        search: SearchConfig,
+        attn_layer: int | None = None,
+        shortlist: Shortlist | None = None,
     ):
         search.validate()
         self.models = list(models)
         self.search = search
+        self.shortlist = shortlist
         self.attn_layer = attn_layer
         self.beam = search.beam
         self.processors = LogitProcessors.from_search(search)
@@ -235,13 +252,21 @@ class SequenceGenerator:
         return limit.clamp(max=self.max_positions).floor().long().clamp(min=1)
 
     def _lprobs(
-        self, members: list[_Member], tokens: Tensor, attn_layer: int | None
+        self,
+        members: list[_Member],
+        tokens: Tensor,
+        attn_layer: int | None,
+        vocab: BatchVocab | None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Next-token log-probs [R,V] (ensemble mean) and attention [R,S] | None."""
+        """Next-token log-probs [R,V] (ensemble mean; [R,V'] over a shortlist, each
+        sentence's non-candidates -inf) and attention [R,S] | None."""
         lprobs, attn = [], []
         for m in members:
             logits, a = m.step(tokens, attn_layer)
-            lprobs.append(self.processors.log_probs(logits.float().contiguous()))  # [R,V]
+            logits = logits.float().contiguous()  # [R,V] (or [R,V']), the step's own tensor
+            if vocab is not None:
+                vocab.restrict(logits, self.beam)
+            lprobs.append(self.processors.log_probs(logits))
             if a is not None:
                 attn.append(a)
         lp = lprobs[0] if len(lprobs) == 1 else torch.stack(lprobs).mean(0)
@@ -275,11 +300,21 @@ class SequenceGenerator:
             [max_lens.max(), max_lens.min(), src_lengths.min()]
         ).tolist()
         expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
+        # With a shortlist the search runs over the batch's candidates: token columns
+        # [V'] instead of ids, mapped back to ids as they are chosen. The specials' columns
+        # are their ids, so the rules (no PAD/BOS, EOS at the limit, ...) read the same.
+        vocab = None
+        if self.shortlist is not None:
+            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens)
         members = [
-            _Member(m, src_tokens, expand, self._cache_args(i, longest + 1), min_src < src_len)
+            _Member(
+                m, src_tokens, expand, self._cache_args(i, longest + 1), min_src < src_len, vocab
+            )
             for i, m in enumerate(self.models)
         ]
         finished = _Finished(bsz, k, longest, src_len, want_attn, device)
+        if vocab is not None and prefix_tokens is not None:
+            prefix_tokens = vocab.to_columns(prefix_tokens)
         forced = ForcedTokens(prefix_tokens, max_lens, k, min_max=shortest)
 
         # Active state: rows are sentence-major (row = n*K + beam).
@@ -294,8 +329,8 @@ class SequenceGenerator:
 
         for step in range(longest + 1):
             n = sent.numel()
-            lp, step_attn = self._lprobs(members, tokens, attn_layer)  # [R,V], [R,S] | None
-            self.processors(lp, step, tokens, forced)
+            lp, step_attn = self._lprobs(members, tokens, attn_layer, vocab)  # [R,V], [R,S]|None
+            self.processors(lp, step, tokens if vocab is None else vocab.to_columns(tokens), forced)
             lp3 = lp.view(n, k, -1)  # [N,K,V]
             if s.sampling:
                 cand = sample_candidates(lp3, scores, s.sampling_topk, s.sampling_topp, self.rng)
@@ -303,6 +338,8 @@ class SequenceGenerator:
                 cand = beam_candidates(lp3, scores)
             cand_scores, cand_tokens, cand_origins = cand  # [N,C]
             cand_lp = lp.view(n, -1).gather(1, cand_origins * lp3.size(2) + cand_tokens)  # [N,C]
+            if vocab is not None:  # columns -> token ids
+                cand_tokens = vocab.to_ids(cand_tokens)
             is_eos = cand_tokens.eq(EOS)
             # Only EOS candidates among the top K finish a hypothesis (fairseq).
             finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
@@ -349,6 +386,8 @@ class SequenceGenerator:
                 kept = true_positions(~done, n - n_done)  # [N']
                 sent, max_lens = sent[kept], max_lens[kept]
                 forced.keep(kept, max_lens, min_left)
+                if vocab is not None:
+                    vocab.keep(kept)
                 scores, act_tokens, act_origins, act_lp = (
                     t[kept] for t in (scores, act_tokens, act_origins, act_lp)
                 )

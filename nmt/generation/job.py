@@ -59,6 +59,7 @@ def generate(cfg: GenerateConfig) -> int:
         overlong=cfg.overlong,
         alignment_layer=cfg.alignment_layer,
         precision_key="dtype" if cfg.precision is None and cfg.dtype is not None else "precision",
+        shortlist=cfg.shortlist,
     )
     if cfg.dtype is not None:
         print(

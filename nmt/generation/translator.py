@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from nmt.checkpoint import InferenceBundle, load_for_inference
+from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.data.vocab import EOS
 from nmt.errors import NmtError
@@ -40,6 +41,7 @@ from nmt.generation.encoding import (
 )
 from nmt.generation.forced import forced_batch, forced_log_probs
 from nmt.generation.generator import Hypothesis, SequenceGenerator
+from nmt.model.quantize import quantize_int8
 from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime, setup
 
@@ -117,11 +119,13 @@ class Translator:
         alignment_layer: int = -1,
         src_lang: str | None = None,
         tgt_lang: str | None = None,
+        shortlist: Shortlist | None = None,
     ):
         """From already-built parts: models in eval mode on `runtime.device` (default:
         the first model's device, fp32), sharing the target vocabulary. `nfkc`: the
         normalization the data dir applied (its meta.json / the checkpoint's data);
-        `src_lang`/`tgt_lang`: the language codes of its data (None when unknown)."""
+        `src_lang`/`tgt_lang`: the language codes of its data (None when unknown);
+        `shortlist`: decode over each sentence's candidate target tokens only."""
         self.search = search if search is not None else SearchConfig()
         self.search.validate()
         check_batching(max_tokens, max_sentences, overlong)
@@ -137,7 +141,8 @@ class Translator:
         self.max_source_positions = min(m.cfg.max_source_positions for m in self.models)
         self.max_target_positions = min(m.cfg.max_target_positions for m in self.models)
         check_min_len(self.search, self.max_source_positions, self.max_target_positions)
-        self.generator = SequenceGenerator(self.models, self.search)
+        self.shortlist = shortlist
+        self.generator = SequenceGenerator(self.models, self.search, shortlist=shortlist)
         self.pieces = PieceNames(tgt_tokenizer)
         self._fit_source = self.source_encoder("sources").fit
         self._fit_target = self.target_encoder("targets").fit
@@ -169,15 +174,19 @@ class Translator:
         max_sentences: int = 64,
         overlong: str = "truncate",
         alignment_layer: int = -1,
+        shortlist: PathLike | None = None,
     ) -> Translator:
         """Load one checkpoint, or several (an ensemble, sharing tokenizers), once.
 
         The search options are fairseq's (SearchConfig); `device` (auto, cpu, cuda,
-        cuda:N) and `precision` (fp32, bf16, fp16) as nmt.runtime reads them; `threads`
-        sets torch's CPU threads for the process (0: torch's default). Batches hold at
-        most `max_sentences` sentences and `max_tokens` padded source tokens (0: no
-        limit); a source longer than the model accepts is truncated with a warning, or
-        refused with overlong="error". Every option is checked before anything is loaded.
+        cuda:N) and `precision` (fp32, bf16, fp16, or int8 on the CPU: int8 linear
+        layers) as nmt.runtime reads them; `threads` sets torch's CPU threads for the
+        process (0: torch's default). Batches hold at most `max_sentences` sentences and
+        `max_tokens` padded source tokens (0: no limit); a source longer than the model
+        accepts is truncated with a warning, or refused with overlong="error".
+        `shortlist`: a shortlist file (nmt-shortlist; a CTranslate2 vocabulary map):
+        the search considers only each sentence's candidate target tokens. Every option
+        is checked before anything is loaded.
         """
         search = SearchConfig(
             beam=beam,
@@ -205,6 +214,7 @@ class Translator:
             max_sentences=max_sentences,
             overlong=overlong,
             alignment_layer=alignment_layer,
+            shortlist=shortlist,
         )
 
     @classmethod
@@ -221,6 +231,7 @@ class Translator:
         overlong: str = "truncate",
         alignment_layer: int = -1,
         precision_key: str = "precision",
+        shortlist: PathLike | None = None,
     ) -> Translator:
         """from_checkpoint with the search as a SearchConfig (nmt-generate's way);
         `precision_key` names the precision option in errors."""
@@ -228,11 +239,24 @@ class Translator:
         check_batching(max_tokens, max_sentences, overlong)
         paths = checkpoint_paths(checkpoint)
         # fp32 stays exact fp32 (no TF32): translations equal the CPU's, as before.
-        runtime = setup(device, precision, threads=threads, tf32=False, precision_key=precision_key)
+        runtime = setup(
+            device,
+            precision,
+            threads=threads,
+            tf32=False,
+            precision_key=precision_key,
+            inference=True,
+        )
         bundles = load_ensemble(paths, runtime.device)
         first = bundles[0]
+        table = None
+        if shortlist is not None:
+            table = Shortlist.from_file(shortlist, first.src_tokenizer, first.tgt_tokenizer)
+        models = [b.model for b in bundles]
+        if runtime.precision == "int8":  # int8 weights, quantized here once
+            models = [quantize_int8(m) for m in models]
         return cls(
-            [b.model for b in bundles],
+            models,
             first.src_tokenizer,
             first.tgt_tokenizer,
             search=search,
@@ -244,6 +268,7 @@ class Translator:
             alignment_layer=alignment_layer,
             src_lang=first.data.get("src_lang"),
             tgt_lang=first.data.get("tgt_lang"),
+            shortlist=table,
         )
 
     def with_search(self, search: SearchConfig) -> Translator:
@@ -254,7 +279,7 @@ class Translator:
         check_min_len(search, self.max_source_positions, self.max_target_positions)
         other = copy.copy(self)
         other.search = search
-        other.generator = SequenceGenerator(self.models, search)
+        other.generator = SequenceGenerator(self.models, search, shortlist=self.shortlist)
         return other
 
     @property

@@ -25,6 +25,7 @@ class ExportConfig:
     checkpoint: Optional[str] = None  # nmt checkpoint to export (required)
     output_dir: Optional[str] = None  # CTranslate2 model directory to create (required)
     quantization: str = "none"  # weight type: none (float32), int8, int16, float16, bfloat16
+    vmap: Optional[str] = None  # a shortlist file (nmt-shortlist) to ship as vmap.txt
     overwrite: bool = False  # replace an earlier nmt-export at output_dir (never another dir)
     debug: bool = False  # full tracebacks instead of one-line errors
 

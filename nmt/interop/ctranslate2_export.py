@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from nmt.data.lexical import Shortlist
 from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
 from nmt.fsutil import (
@@ -48,12 +49,22 @@ from nmt.model.transformer import Transformer, TransformerDecoder, TransformerEn
 
 DECODER_START = EOS  # nmt's decoder input starts with </s>, as fairseq's
 EXPORT_INFO = "nmt_export.json"  # where the export came from (exported_from, spm files, ...)
+VMAP_FILE = "vmap.txt"  # the vocabulary map's name in a CTranslate2 model directory
 # what nmt-export writes (CTranslate2's model.bin, config.json and vocabularies, the
-# SentencePiece model(s), nmt_export.json): overwrite=true replaces only such a directory
+# SentencePiece model(s), the vmap, nmt_export.json): overwrite=true replaces only such a
+# directory
 EXPORT_DIR = OutputKind(
     "nmt-export directory",
     EXPORT_INFO,
-    (EXPORT_INFO, "model.bin", "config.json", "*vocabulary.json", "*vocabulary.txt", "spm*.model"),
+    (
+        EXPORT_INFO,
+        "model.bin",
+        "config.json",
+        "*vocabulary.json",
+        "*vocabulary.txt",
+        "spm*.model",
+        VMAP_FILE,
+    ),
 )
 
 
@@ -200,6 +211,7 @@ def export_ctranslate2(
     output_dir: str | os.PathLike,
     quantization: str = "none",
     overwrite: bool = False,
+    vmap: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Write a CTranslate2 model directory; returns what nmt_export.json records.
 
@@ -208,11 +220,14 @@ def export_ctranslate2(
     model. An existing `output_dir` is replaced only with `overwrite`, and only when it is
     an earlier export holding nothing else (nmt.fsutil.check_replaceable); two exports to
     one `output_dir` at a time: the second is refused (nmt.fsutil.destination_lock).
+    `vmap`: a shortlist file (nmt-shortlist), checked against the model's vocabularies and
+    written as the model's vocabulary map, vmap.txt (CTranslate2's use_vmap=True).
     """
     ExportConfig(
         checkpoint=str(checkpoint),
         output_dir=str(output_dir),
         quantization=quantization,
+        vmap=None if vmap is None else str(vmap),
         overwrite=overwrite,
     ).validate()
     require_ctranslate2()
@@ -231,6 +246,10 @@ def export_ctranslate2(
             f"{checkpoint}: tokenizer sizes ({len(src_pieces)}, {len(tgt_pieces)}) differ "
             "from the model's vocabulary sizes; the checkpoint is inconsistent"
         )
+    vmap_bytes = None
+    if vmap is not None:  # read and checked like nmt-generate's shortlist=
+        Shortlist.from_file(vmap, bundle.src_tokenizer, bundle.tgt_tokenizer, key="vmap")
+        vmap_bytes = Path(vmap).read_bytes()
     with torch.no_grad():
         spec = build_spec(bundle.model, bundle.model_config, src_pieces, tgt_pieces)
     try:
@@ -247,6 +266,7 @@ def export_ctranslate2(
         "src_lang": data.get("src_lang"),
         "tgt_lang": data.get("tgt_lang"),
         "spm": spm_files,
+        "vmap": None if vmap is None else str(vmap),
         "special_ids": data.get("special_ids"),
         "normalization": data.get("normalization"),
         "model_config": {
@@ -273,6 +293,8 @@ def export_ctranslate2(
                 }
                 for name, model_bytes in models.items():
                     atomic_write_bytes(tmp / name, model_bytes)
+                if vmap_bytes is not None:
+                    atomic_write_bytes(tmp / VMAP_FILE, vmap_bytes)
                 atomic_write_text(tmp / EXPORT_INFO, json.dumps(info, indent=2) + "\n")
     except OSError as exc:
         raise NmtError(

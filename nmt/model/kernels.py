@@ -21,6 +21,9 @@ Shape legend as in layers.py: B batch, T queries, K keys, D embed_dim, H heads, 
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -33,7 +36,18 @@ MATMUL_ATTENTION_MAX_KEYS = 128
 
 
 class FastKernels(Kernels):
-    """layers.Kernels' operations, faster where the device and the mode allow it."""
+    """layers.Kernels' operations, faster where the device and the mode allow it.
+
+    `rows_alone`: CPU inference attends each run of rows with the same number of keys on
+    its own (attention_by_length), so that a row is bit for bit what it is alone. int8
+    needs that (nmt.model.quantize.quantize_int8 sets it); fp32 does not, and keeps one
+    SDPA call per batch. Its other state remembers the runs of the last attention mask it
+    read: a weak reference, so a freed mask is never taken for a new one.
+    """
+
+    def __init__(self, rows_alone: bool = False) -> None:
+        self.rows_alone = rows_alone
+        self._runs_memo: tuple[weakref.ref, list[tuple[int, int, int]] | None] | None = None
 
     def dropout(self, x: Tensor, p: float, training: bool) -> Tensor:
         """F.dropout with a cheaper mask on CPU (same distribution to within 2**-16 in p).
@@ -72,9 +86,14 @@ class FastKernels(Kernels):
         backward), 2-4x slower in bf16, whose flash backward is ~3x slower than fp32's. So
         up to MATMUL_ATTENTION_MAX_KEYS keys, attention is spelled out
         (`attention_with_weights`: its [B,H,T,K] scores are small there); beyond, bf16
-        runs the flash kernels in fp32. CUDA and inference use SDPA as is.
+        runs the flash kernels in fp32. CUDA and inference use SDPA as is; with
+        `rows_alone`, CPU inference over each run of rows with the same number of keys
+        (`attention_by_length`).
         """
         if q.device.type != "cpu" or not torch.is_grad_enabled():
+            by_length = self.rows_alone and q.device.type == "cpu"
+            if by_length and mask is not None and not is_causal and not dropout_p:
+                return self.attention_by_length(q, k, v, mask)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
             )
@@ -94,6 +113,53 @@ class FastKernels(Kernels):
                 is_causal=is_causal,
             )
         return out.to(torch.bfloat16)
+
+    def attention_by_length(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """SDPA over right-padded keys (mask [B,1,1,K], True = a real key): each run of
+        consecutive rows with the same number n of real keys attends over keys [:n]
+        without a mask, so that a row computes bit for bit what it computes in a batch
+        of its own. With a mask over padded keys SDPA's kernels and GEMMs take other
+        shapes, and results move by ~1e-7 with the batch's longest source: harmless in
+        fp32, but enough for int8 to round an activation to the next level and flip a
+        near-tie (nmt.model.quantize). Batches are sorted by length, so runs are few.
+        Any other mask goes to SDPA as it is."""
+        runs = self._key_runs(mask, q.size(0), k.size(-2))
+        if runs is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if len(runs) == 1 and runs[0][2] == k.size(-2):
+            return F.scaled_dot_product_attention(q, k, v)
+        out = q.new_empty(*q.shape[:-1], v.size(-1))  # [B,H,T,Dh]
+        for start, end, keys in runs:
+            rows = slice(start, end)
+            out[rows] = F.scaled_dot_product_attention(
+                q[rows], k[rows, :, :keys], v[rows, :, :keys]
+            )
+        return out
+
+    def _key_runs(self, mask: Tensor, rows: int, keys: int) -> list[tuple[int, int, int]] | None:
+        """(start, end, real keys) of each run of rows of `mask` with the same number of
+        keys, or None when it is not a right-padding mask of `rows` rows. Read from the
+        tensor once: the same mask comes back at every step of a batch, every layer."""
+        memo = self._runs_memo
+        if memo is not None and memo[0]() is mask:  # (masks are never edited in place)
+            return memo[1]
+        runs: list[tuple[int, int, int]] | None = None
+        if mask.dim() == 4 and mask.shape[1:3] == (1, 1) and mask.shape[0] == rows:
+            flat = mask.reshape(rows, -1)
+            if flat.size(1) == keys and not torch.compiler.is_compiling():
+                lengths = flat.sum(1)
+                prefix = torch.arange(keys, device=mask.device) < lengths[:, None]
+                if torch.equal(prefix, flat):
+                    runs = []
+                    for row, n in enumerate(lengths.tolist()):
+                        if runs and runs[-1][2] == n:
+                            runs[-1] = (runs[-1][0], row + 1, n)
+                        else:
+                            runs.append((row, row + 1, n))
+                    if any(n == 0 for _, _, n in runs):  # a row without keys: SDPA's NaNs
+                        runs = None
+        self._runs_memo = (weakref.ref(mask), runs)
+        return runs
 
     def attention_mask(self, padding_mask: Tensor, padded: bool | None = None) -> Tensor | None:
         """As Kernels', but None for a batch without padding, so that SDPA may pick its
@@ -129,6 +195,27 @@ class FusedProjectionAttention(MultiheadAttention):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float, kernels: Kernels):
         super().__init__(embed_dim, num_heads, dropout, kernels)
         self._joint_cache: dict[str, tuple[tuple, Tensor, Tensor]] = {}
+        # int8 inference (nmt.model.quantize): the stacked projections as int8 layers
+        self._quantized: dict[str, Callable[[Tensor], Tensor]] = {}
+
+    def quantize_fused_projections(
+        self, make: Callable[[Tensor, Tensor], Callable[[Tensor], Tensor]]
+    ) -> None:
+        """Compute the stacked projections with `make(weight, bias)` from now on (for
+        inference; nmt.model.quantize.quantize_int8 passes Int8Linear.from_float)."""
+        projs = {"qkv": (self.q_proj, self.k_proj, self.v_proj), "kv": (self.k_proj, self.v_proj)}
+        with torch.no_grad():
+            for name, layers in projs.items():
+                weight = torch.cat([p.weight for p in layers])  # [n*D,D]
+                bias = torch.cat([p.bias for p in layers])  # [n*D]
+                self._quantized[name] = make(weight, bias)
+
+    def _project(self, name: str, projs: tuple[nn.Linear, ...], x: Tensor) -> Tensor:
+        """x [B,L,D] through the projections `projs` stacked: [B,L,n*D]."""
+        quantized = self._quantized.get(name)
+        if quantized is not None:
+            return quantized(x)
+        return F.linear(x, *self._joint(name, projs))
 
     def _joint(self, name: str, projs: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
         """The projections stacked into one: (weight [n*D,D], bias [n*D])."""
@@ -152,11 +239,11 @@ class FusedProjectionAttention(MultiheadAttention):
         return super().train(mode)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        kv = F.linear(x, *self._joint("kv", (self.k_proj, self.v_proj)))  # [B,K,2D]
+        kv = self._project("kv", (self.k_proj, self.v_proj), x)  # [B,K,2D]
         k, v = kv.chunk(2, dim=-1)
         return self.split_heads(k), self.split_heads(v)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        qkv = F.linear(x, *self._joint("qkv", (self.q_proj, self.k_proj, self.v_proj)))  # [B,T,3D]
+        qkv = self._project("qkv", (self.q_proj, self.k_proj, self.v_proj), x)  # [B,T,3D]
         q, k, v = qkv.chunk(3, dim=-1)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)

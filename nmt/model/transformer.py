@@ -11,6 +11,7 @@ little or nothing. Batches are right-padded: token t of every row sits at positi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple, cast
 
 from torch import Tensor, nn
@@ -28,6 +29,7 @@ from nmt.model.layers import (
     TransformerEncoderLayer,
     token_embedding,
 )
+from nmt.model.quantize import linear_rows
 
 
 class EncoderOut(NamedTuple):
@@ -125,9 +127,11 @@ class TransformerDecoder(nn.Module):
         cache: DecoderCache | None = None,
         attn_layer: int | None = None,
         features_only: bool = False,
+        output: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """See `Transformer.decode`; features_only: return the hidden states [B,T,D]
-        instead of the logits."""
+        instead of the logits; `output`: the output layer to use instead of
+        output_projection (Transformer.output_layer)."""
         start = 0 if cache is None else cache.length
         length = prev_tokens.size(1)
         x = self.embed_scale * self.embed_tokens(prev_tokens)  # [B,T,D]
@@ -162,7 +166,8 @@ class TransformerDecoder(nn.Module):
             x = self.layer_norm(x)
         if features_only:
             return x, attn  # [B,T,D], [B,T,S] | None
-        return self.output_projection(x), attn  # [B,T,V], [B,T,S] | None
+        project = self.output_projection if output is None else output
+        return project(x), attn  # [B,T,V] (or [B,T,V'] over a shortlist), [B,T,S] | None
 
     def _attn_layer_index(self, attn_layer: int | None) -> int | None:
         if attn_layer is None:
@@ -221,6 +226,7 @@ class Transformer(nn.Module):
         enc: EncoderOut,
         cache: DecoderCache | None = None,
         attn_layer: int | None = None,
+        output: Callable[[Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """prev_tokens [B,T] -> (logits [B,T,V], attn [B,T,S] float or None).
 
@@ -230,9 +236,19 @@ class Transformer(nn.Module):
         encoder's keys/values are projected on the first call and reused afterwards (`enc`
         is not read again), and only the new positions are projected to the vocabulary.
         `attn_layer` (negative counts from the end) asks for that decoder layer's
-        encoder-decoder attention, averaged over heads.
+        encoder-decoder attention, averaged over heads. `output`: the output layer, when
+        not the whole vocabulary's (`output_layer(vocab)`: logits [B,T,V'] of a shortlist).
         """
-        return self.decoder(prev_tokens, enc, cache, attn_layer)
+        return self.decoder(prev_tokens, enc, cache, attn_layer, output=output)
+
+    def output_layer(self, vocab: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+        """The output projection [..,D] -> [..,V], or with `vocab` [V'] (target ids, a
+        shortlist) the one computing only those logits: [..,D] -> [..,V'] (for decode's
+        `output`; built once per batch, it holds those rows of the weights)."""
+        projection = self.decoder.output_projection
+        if vocab is None or vocab.numel() == self.decoder.embed_tokens.num_embeddings:
+            return projection  # (a shortlist of every id is the whole vocabulary, in order)
+        return linear_rows(projection, vocab)
 
     def forward(
         self,

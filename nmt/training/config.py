@@ -238,6 +238,11 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise NmtError naming the first key that cannot work (optim's included)."""
+        if self.precision == "int8":
+            raise NmtError(
+                "precision=int8: for translation only (nmt-generate, nmt-serve, Translator); "
+                "train with precision=fp32 or bf16, then translate with precision=int8"
+            )
         for key, allowed in (("precision", PRECISIONS), ("best_metric", BEST_METRICS)):
             value = getattr(self, key)
             if value not in allowed:

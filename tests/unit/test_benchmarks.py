@@ -305,14 +305,41 @@ def test_decoder_names_a_missing_preset(capsys):
     assert "--preset huge: no transformer_huge.yaml; one of" in capsys.readouterr().err
 
 
-def test_ctranslate2_translates_the_same_batches(tiny_checkpoint, tmp_path):
+def test_ctranslate2_pairs_six_engines_on_the_same_batches(
+    tiny_checkpoint, demo_data_dir, tmp_path, capsys
+):
     pytest.importorskip("ctranslate2")
+    from nmt.data.tokenizer import Tokenizer
+
+    # a shortlist of every token: nmt's and CTranslate2's reduced searches are the full ones
+    tok = Tokenizer.from_file(demo_data_dir / "spm.model")
+    shortlist = tmp_path / "all.txt"
+    shortlist.write_text("\t" + " ".join(tok.pieces()[4:]) + "\n", encoding="utf-8")
     argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en"), "--lines"]
-    argv += ["8", "--beam", "2", "--max-len-b", "4", "--repeat", "1", "--threads", "1"]
+    argv += ["8", "--beams", "2", "1", "--max-len-b", "4", "--turns", "1", "--threads", "1"]
+    argv += ["--ref", str(DEMO / "test.de"), "--shortlist", str(shortlist)]
     figures = bench("ctranslate2", argv, tmp_path)
-    assert figures["sentences"] == 8 and figures["nmt"]["tokens"] == 8 * 5
-    fp32 = figures["ctranslate2_float32"]
-    assert fp32["tokens"] == 8 * 5 and fp32["identical_translations"] == 8
+    assert figures["sentences"] == 8 and len(figures["settings"]) == 2
+    for setting in figures["settings"]:
+        engines = setting["engines"]
+        assert set(engines) == {
+            "nmt fp32",
+            "nmt int8",
+            "nmt int8+shortlist",
+            "ctranslate2 float32",
+            "ctranslate2 int8",
+            "ctranslate2 int8+vmap",
+        }
+        # the random model never ends early: every engine decodes 8 x (4 + </s>) tokens
+        assert all(e["tokens"] == 8 * 5 for e in engines.values())
+        assert setting["reference"] == "nmt fp32"
+        assert engines["ctranslate2 float32"]["same_as_reference"] == 8
+        assert engines["nmt int8+shortlist"]["same_as_reference"] is not None
+        assert all(e["bleu"] is not None and e["cpu"] > 0 for e in engines.values())
+        assert set(setting["ratios"]) == {"nmt fp32", "nmt int8", "nmt int8+shortlist"}
+        assert setting["ratios"]["nmt int8"]["peer"] == "ctranslate2 int8"
+    out = capsys.readouterr().out
+    assert "| beam 2, 1 thread | sentences/s |" in out and "| nmt int8+shortlist |" in out
 
 
 def test_fairseq_generate_without_its_peer_says_what_to_run(tmp_path, capsys):
@@ -384,6 +411,10 @@ def test_suite_worker_runs_in_a_subprocess_of_its_own(tiny_checkpoint, demo_data
     [
         (["--device", "cuda"], "--device cuda: torch sees no CUDA device; use --device cpu"),
         (["--precision", "fp16"], "--precision fp16: needs --device cuda; use fp32 or bf16"),
+        (
+            ["--engines", "nmt fp32", "ctranslate2 float16"],
+            "--engines 'ctranslate2 float16': runs on --device cuda only; leave it out",
+        ),
     ],
 )
 def test_ctranslate2_on_a_device_it_cannot_use_is_one_line(tiny_checkpoint, capsys, extra, message):

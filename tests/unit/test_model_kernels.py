@@ -303,3 +303,29 @@ def test_cpu_dropout_masks_are_independent_and_follow_the_seed():
     for lane in (1, 2, 3):
         same = kept[:, 0] == kept[:, lane]
         assert 0.44 < same.float().mean().item() < 0.56
+
+
+def test_inference_attention_over_padded_keys_is_each_rows_own():
+    """With rows_alone (int8 sets it: nmt.model.quantize), CPU inference attends each run
+    of rows over exactly its real keys: a row's output is bit for bit what it is in a
+    batch of its own, and equals masked attention to fp32 rounding. Other masks go to
+    SDPA unchanged, and without rows_alone (fp32) every mask does."""
+    torch.manual_seed(0)
+    kernels = FastKernels(rows_alone=True)
+    lengths = [7, 7, 5, 3, 3, 3]
+    q, k, v = (torch.randn(len(lengths), 2, 7, 8) for _ in range(3))
+    mask = (torch.arange(7) < torch.tensor(lengths)[:, None])[:, None, None, :]
+    with torch.inference_mode():
+        got = kernels.attention(q, k, v, mask)
+        for row, n in enumerate(lengths):
+            alone = kernels.attention(
+                q[row : row + 1, :, :n], k[row : row + 1, :, :n], v[row : row + 1, :, :n]
+            )
+            assert torch.equal(got[row, :, :n], alone[0])
+        masked = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert torch.allclose(got, masked, atol=1e-6)
+        holes = mask.clone()
+        holes[0, 0, 0, 2] = False  # not right padding: SDPA with the mask as given
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=holes)
+        assert torch.equal(kernels.attention(q, k, v, holes), want)
+        assert torch.equal(FastKernels().attention(q, k, v, mask), masked)

@@ -1,0 +1,142 @@
+"""int8 inference (nmt/model/quantize.py, precision=int8): each int8 layer stays within the
+error its rounding allows, a row's result never depends on the other rows, the fused
+projections equal the separate ones, and the options that cannot work are one-line errors."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from nmt.errors import NmtError
+from nmt.model.layers import Kernels
+from nmt.model.quantize import REDUCE_RANGE, WEIGHT_LEVELS, Int8Linear, linear_rows, quantize_int8
+from nmt.model.transformer import Transformer
+from nmt.runtime import check_precision, int8_engine
+from tests.helpers import NO_DROPOUT
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(int8_engine() is None, reason="this torch has no fbgemm int8 kernels"),
+]
+
+# The input's step: each row is scaled to [-1, 1] and quantized to 2**7 (reduce_range) or
+# 2**8 levels, so an element is off by at most half a step of its row's magnitude.
+ACTIVATION_HALF_STEP = 1 / (127 if REDUCE_RANGE else 255)
+
+
+def _error_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """|int8 - exact| per output [M,N]: sum over k of |W| times x's rounding, |x| times W's
+    (half a step of the channel's scale, absmax / levels), and their product; plus fp32."""
+    row = x.abs().amax(1, keepdim=True)  # [M,1]
+    dx = row * ACTIVATION_HALF_STEP  # [M,1]
+    dw = weight.abs().amax(1) / WEIGHT_LEVELS / 2  # [N]
+    bound = dx * weight.abs().sum(1) + x.abs().sum(1, keepdim=True) * dw + x.size(1) * dx * dw
+    return bound + 1e-5 * (x.abs() @ weight.abs().t())  # fp32 sums, generously
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_is_within_its_rounding_of_the_fp32_layer(bias):
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 48, bias=bias)
+    x = torch.randn(37, 64) * torch.rand(37, 1) * 10  # rows of very different magnitudes
+    x[5] = 0.0  # an all-zero row
+    int8 = Int8Linear.from_linear(layer)
+    with torch.no_grad():
+        exact = layer(x.double().float())
+        got = int8(x)
+    error = (got - exact).abs()
+    assert (error <= _error_bound(x, layer.weight.detach())).all()
+    assert got[5].equal(layer.bias.detach() if bias else torch.zeros(48))
+    # and it is not fp32 by accident: int8 rounding is visible
+    assert error.max() > 1e-4
+
+
+def test_a_rows_result_never_depends_on_the_other_rows():
+    torch.manual_seed(1)
+    int8 = Int8Linear.from_linear(nn.Linear(32, 40))
+    x = torch.randn(20, 32) * torch.logspace(-2, 2, 20)[:, None]
+    with torch.no_grad():
+        together = int8(x)
+        for rows in (slice(0, 1), slice(3, 4), slice(19, 20), slice(5, 12)):
+            assert int8(x[rows]).equal(together[rows])  # bit for bit
+        assert int8(x.view(4, 5, 32)).equal(together.view(4, 5, 40))  # any leading shape
+        assert int8(x.flip(0)).equal(together.flip(0))
+
+
+def test_rows_of_an_int8_layer_compute_those_outputs():
+    torch.manual_seed(2)
+    linear = nn.Linear(16, 30, bias=False)
+    int8 = Int8Linear.from_linear(linear)
+    index = torch.tensor([0, 1, 2, 3, 7, 29])
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        assert linear_rows(int8, index)(x).equal(int8(x)[:, index])
+        fp32 = linear_rows(linear, index)(x)
+        assert torch.allclose(fp32, linear(x)[:, index], atol=1e-6)
+
+
+def _model(kernels: Kernels | None = None, **overrides) -> Transformer:
+    torch.manual_seed(3)
+    cfg = replace(NO_DROPOUT, encoder_layers=2, decoder_layers=2, **overrides)
+    return Transformer(cfg, 40, 50, kernels=kernels).eval()
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_every_linear_layer_is_int8_and_the_model_stays_close(normalize_before):
+    fp32 = _model(normalize_before=normalize_before)
+    int8 = quantize_int8(copy.deepcopy(fp32))
+    assert not any(isinstance(m, nn.Linear) for m in int8.modules())
+    assert isinstance(int8.decoder.output_projection, Int8Linear)
+    # int8 attends padded rows on their own (FastKernels.rows_alone); fp32 needs not
+    assert int8.kernels.rows_alone and not fp32.kernels.rows_alone
+    src = torch.randint(4, 40, (3, 7))
+    prev = torch.randint(4, 50, (3, 6))
+    with torch.no_grad():
+        want = torch.log_softmax(fp32(src, prev), -1)
+        got = torch.log_softmax(int8(src, prev), -1)
+    # int8 moves log-probs by a few hundredths on this random model; a wrong scale or a
+    # transposed weight moves them by whole units
+    assert (got - want).abs().max() < 0.3
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+def test_fused_projections_equal_the_plain_layers_in_int8():
+    """FastKernels' stacked q/k/v projection in int8 is the plain layers' three: weights are
+    quantized per output row and inputs per input row, so stacking changes nothing."""
+    fast = _model()
+    plain = _model(kernels=Kernels())
+    plain.load_state_dict(fast.state_dict())
+    quantize_int8(fast)
+    quantize_int8(plain)
+    src = torch.randint(4, 40, (2, 9))
+    prev = torch.randint(4, 50, (2, 5))
+    with torch.no_grad():
+        assert torch.allclose(fast(src, prev), plain(src, prev), atol=1e-4)
+
+
+def test_incremental_decoding_equals_the_whole_prefix_in_int8():
+    model = quantize_int8(_model())
+    src = torch.randint(4, 40, (2, 6))
+    prev = torch.randint(4, 50, (2, 5))
+    with torch.no_grad():
+        enc = model.encode(src)
+        whole, _ = model.decode(prev, enc)
+        cache = model.new_cache()
+        steps = [model.decode(prev[:, t : t + 1], enc, cache)[0] for t in range(prev.size(1))]
+    assert torch.allclose(torch.cat(steps, 1), whole, atol=1e-5)
+
+
+def test_int8_is_for_translation_on_the_cpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    check_precision("int8", cpu, inference=True)
+    with pytest.raises(NmtError, match=r"^precision=int8: for translation only .* train with"):
+        check_precision("int8", cpu)
+    # (a torch.device names a GPU without one being there: the check needs no CUDA)
+    with pytest.raises(NmtError, match=r"^precision=int8: runs on the CPU only .*use device=cpu"):
+        check_precision("int8", cuda, inference=True)
+    with pytest.raises(NmtError, match=r"^precision=int4: unknown; use one of .*int8"):
+        check_precision("int4", cpu, inference=True)
