@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -52,6 +53,28 @@ def events(save_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("}")]  # a line being written
 
 
+def ten_updates_past_a_checkpoint(proc: subprocess.Popen, run: Path) -> bool:
+    """Whether the run, past 55% of its budget, has logged 10 updates since the checkpoint
+    it would resume from; if so it is left stopped (SIGSTOP), so that a kill loses them.
+
+    Saves come at epoch ends as well as every 50 updates, and one may land between a look
+    at the log and the kill: the run is frozen while its log and checkpoint_last.pt are
+    read, and goes on (SIGCONT) when the answer is no."""
+    logged = [e for e in events(run) if e["type"] == "train"]
+    saves = [e["update"] for e in events(run) if e["type"] == "save"]
+    if not (logged and saves and logged[-1]["budget"] >= 0.55):
+        return False
+    if logged[-1]["update"] < saves[-1] + 10:
+        return False
+    os.kill(proc.pid, signal.SIGSTOP)
+    logged = [e for e in events(run) if e["type"] == "train"]
+    saved = load_checkpoint(run / "checkpoint_last.pt")["train_state"]["num_updates"]  # atomic
+    if logged[-1]["update"] >= saved + 10:
+        return True
+    os.kill(proc.pid, signal.SIGCONT)
+    return False
+
+
 def test_a_killed_run_resumes_on_the_same_lr_curve(demo_data_dir, tmp_path):
     run = tmp_path / "run"
     args = time_schedule_args(demo_data_dir, run)
@@ -61,11 +84,10 @@ def test_a_killed_run_resumes_on_the_same_lr_curve(demo_data_dir, tmp_path):
     proc = subprocess.Popen(
         [str(BIN / "nmt-train"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     )
-    # SIGKILL half way through the decay, 10 to 30 updates after a checkpoint
+    # SIGKILL half way through the decay, 10 or more updates after a checkpoint
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        logged = [e for e in events(run) if e["type"] == "train"]
-        if logged and logged[-1]["budget"] >= 0.55 and 10 <= logged[-1]["update"] % 50 <= 30:
+        if ten_updates_past_a_checkpoint(proc, run):
             break
         time.sleep(0.02)
     proc.kill()
