@@ -4,6 +4,8 @@ Training and generation both go through here, so `device=` and `precision=` mean
 in every command:
     device     auto (the GPU of this rank when CUDA is there, else cpu) | cpu | cuda | cuda:N
     precision  fp32 | bf16 (autocast, CPU or CUDA) | fp16 (autocast, CUDA only)
+               | auto (bf16 where the device computes it natively, else fp32; see
+               native_bf16)
                | int8 (inference only, CPU only: int8 weights and fbgemm's int8 kernels in
                the linear layers, nmt.model.quantize; fp32 elsewhere)
 Under torchrun each rank takes the GPU of its LOCAL_RANK: `device=cuda` and `device=auto`
@@ -23,8 +25,12 @@ import torch
 
 from nmt.errors import NmtError
 
-PRECISIONS = ("fp32", "bf16", "fp16")  # training and inference
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")  # training and inference
 INFERENCE_PRECISIONS = (*PRECISIONS, "int8")
+# The CPU features with bf16 dot-product instructions (torch.cpu's private probes). Without
+# them oneDNN converts bf16 to fp32 and back around every product: on an AVX2-only AMD
+# EPYC a bf16 linear layer under autocast ran at 15 GFLOP/s against fp32's 113 (docs/results.md).
+CPU_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 INT8_ENGINES = ("x86", "fbgemm")  # torch's quantized engines with fbgemm's int8 GEMM
 
@@ -109,6 +115,41 @@ def check_precision(
             )
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bf16 products in hardware: a CUDA GPU of compute
+    capability 8.0 or newer, or an x86 CPU with AVX512_BF16 or AMX. Elsewhere (AVX2-only
+    x86, ARM here) it is reported as not native: bf16 would be emulated, slower than fp32."""
+    if device.type == "cuda":
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch < 2.3 has no including_emulation; it reported hardware
+            return torch.cuda.is_bf16_supported()
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in CPU_BF16_PROBES)
+
+
+def resolve_precision(
+    precision: str, device: torch.device, key: str = "precision", *, inference: bool = False
+) -> tuple[str, str]:
+    """(the precision `precision` means on `device`, a note for the log or "").
+
+    auto is bf16 where the device computes it natively and fp32 elsewhere; an explicit
+    bf16 on a device that would emulate it runs, with a note that fp32 is faster there.
+    """
+    check_precision(precision, device, key, inference=inference)
+    where = "this GPU" if device.type == "cuda" else "this CPU"
+    if precision == "auto":
+        if native_bf16(device):
+            return "bf16", f"{key}=auto: bf16 ({where} computes bf16 natively)"
+        return "fp32", f"{key}=auto: fp32 ({where} has no native bf16, which would be slower)"
+    if precision == "bf16" and not native_bf16(device):
+        hardware = "compute capability 8.0" if device.type == "cuda" else "AVX512_BF16 or AMX"
+        return "bf16", (
+            f"{key}=bf16: {where} has no native bf16 ({hardware}), so bf16 is emulated "
+            f"and runs slower than fp32 here; {key}=fp32 or auto is faster"
+        )
+    return precision, ""
+
+
 def int8_engine() -> str | None:
     """The quantized engine int8 inference runs on in this build of torch, or None."""
     supported = torch.backends.quantized.supported_engines
@@ -149,7 +190,8 @@ class Runtime:
     """A resolved device and precision, with the autocast context they imply."""
 
     device: torch.device
-    precision: str = "fp32"
+    precision: str = "fp32"  # resolved: never auto
+    note: str = ""  # what resolving the precision has to say (resolve_precision), or ""
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.precision)
@@ -179,10 +221,10 @@ def setup(
     resolved = resolve_device(
         device, local_rank=local_rank, distributed=distributed, key=device_key
     )
-    check_precision(precision, resolved, key=precision_key, inference=inference)
+    concrete, note = resolve_precision(precision, resolved, precision_key, inference=inference)
     set_threads(threads)
     if tf32:
         enable_tf32(resolved)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
-    return Runtime(resolved, precision)
+    return Runtime(resolved, concrete, note)

@@ -31,26 +31,16 @@
 # checkpoint_last.pt (a finished run stops at once), so an interrupted recipe loses nothing.
 set -euo pipefail
 
-DIRECTION=${DIRECTION:-en-de}
-case "$DIRECTION" in
-  en-de) SRC=en; TGT=de ;;
-  de-en) SRC=de; TGT=en ;;
-  *) echo "multi30k_recipe: error: DIRECTION=$DIRECTION: use en-de or de-en" >&2; exit 2 ;;
-esac
+SCRIPT=multi30k_recipe
+source "$(dirname "$0")/multi30k_env.sh"  # DIRECTION -> SRC, TGT; RAW, PYTHON, nmt()
 SMOKE=${SMOKE:-0}
-RAW=${RAW:-../shared/data/multi30k}
 if [ "$SMOKE" = 1 ]; then WORK=${WORK:-work/multi30k_smoke}; AVG=${AVG:-3}
 else WORK=${WORK:-work/multi30k}; AVG=${AVG:-5}; fi
 BEAM=${BEAM:-5}
 LENPEN=${LENPEN:-1.0}
-if [ -z "${PYTHON:-}" ]; then
-  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
-fi
 TEST=test_2016_flickr
 DATA="$WORK/data-bin/${SRC}_${TGT}"
 RUN="$WORK/runs/${SRC}_${TGT}"
-# The console scripts, run through the chosen interpreter (no PATH or venv activation needed).
-nmt() { "$PYTHON" -c "import sys; from nmt.cli import main; main(sys.argv[1], sys.argv[2:])" "$@"; }
 say() { echo "== multi30k_recipe [$DIRECTION$([ "$SMOKE" = 1 ] && echo ', SMOKE')]: $*" >&2; }
 
 for split in train val $TEST; do

@@ -16,7 +16,7 @@ from nmt.errors import NmtError
 from nmt.textlines import check_input_errors
 
 FORMATS = ("plain", "fairseq")
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # nmt.runtime.INFERENCE_PRECISIONS (no torch)
+PRECISIONS = ("fp32", "bf16", "fp16", "auto", "int8")  # nmt.runtime.INFERENCE_PRECISIONS (no torch)
 OVERLONG = ("truncate", "error")
 MAX_LENPEN = 5.0  # |lenpen|: length**lenpen for lengths up to 10^4 stays a finite fp32 factor
 MIN_TEMPERATURE = 1e-6  # fp32 logits / temperature stay finite (and sampling is greedy)
@@ -226,7 +226,7 @@ class GenerateConfig(SearchConfig):
     overlong: str = "truncate"  # source longer than the model accepts: truncate (warn) or error
     input_errors: str = "strict"  # invalid UTF-8 in the text inputs: strict (error) or replace
     device: str = "auto"  # cpu, cuda, cuda:1, or auto (cuda when available)
-    precision: Optional[str] = None  # fp32, bf16, fp16 (cuda) or int8 (cpu); null = fp32
+    precision: Optional[str] = None  # fp32, bf16, fp16 (cuda), auto or int8 (cpu); null = fp32
     dtype: Optional[str] = None  # deprecated: the old name of precision
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     shortlist: Optional[str] = None  # target-vocabulary shortlist file (nmt-shortlist); null = all

@@ -61,6 +61,8 @@ def generate(cfg: GenerateConfig) -> int:
         precision_key="dtype" if cfg.precision is None and cfg.dtype is not None else "precision",
         shortlist=cfg.shortlist,
     )
+    if translator.runtime.note:
+        print(f"nmt-generate: note: {translator.runtime.note}", file=sys.stderr)
     if cfg.dtype is not None:
         print(
             f"nmt-generate: note: dtype= is now precision=; write precision={cfg.dtype} "

@@ -68,7 +68,7 @@ class ServeConfig(SearchConfig):
     alignment_layer: int = -1  # decoder layer whose attention the alignments and heatmaps show
     # hardware
     device: str = "auto"  # cpu, cuda, cuda:N, or auto
-    precision: str = "fp32"  # fp32, bf16, fp16 (cuda) or int8 (cpu: int8 linear layers)
+    precision: str = "fp32"  # fp32, bf16, fp16 (cuda), auto (bf16 if native) or int8 (cpu)
     threads: int = 0  # torch CPU threads (0 = torch's default)
     # logs
     log_level: str = "info"  # critical, error, warning, info, debug

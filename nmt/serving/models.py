@@ -8,6 +8,7 @@ its languages (the checkpoint's data: src_lang, tgt_lang), native routes by name
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from nmt.serving.batching import BatchQueue
 from nmt.serving.config import ServeConfig
 from nmt.serving.errors import ApiError, bad_request
 from nmt.serving.languages import language_name
+
+log = logging.getLogger("nmt.serving")
 
 VARIANTS = 4  # searches other than the model's own kept ready per model (least recent go)
 AUTO = "auto"  # LibreTranslate's "detect the source language"
@@ -97,6 +100,8 @@ class ModelRegistry:
                 overlong=cfg.overlong,
                 alignment_layer=cfg.alignment_layer,
             )
+            if translator.runtime.note:
+                log.warning("%s", translator.runtime.note)
             loaded.append((spec.name, translator, checkpoint_paths(spec.checkpoint)))
         names = _names(loaded)
         models = []

@@ -63,7 +63,7 @@ def _build(
     scheduler = build_scheduler(
         optimizer, cfg.optim, max_update=cfg.max_update, max_time=cfg.max_time
     )
-    scaler = LossScaler(cfg.fp16_init_scale, enabled=cfg.precision == "fp16")
+    scaler = LossScaler(cfg.fp16_init_scale, enabled=rt.precision == "fp16")
     maximize = cfg.best_metric == "bleu"
     best = BestTracker(cfg.best_metric, maximize)
     checkpoints = CheckpointManager(
@@ -105,7 +105,7 @@ def _build(
         tensorboard=cfg.tensorboard,
         start_update=progress.num_updates,
     )
-    for line in notes + data.notes + ([restored] if restored else []):
+    for line in [rt.note] * bool(rt.note) + notes + data.notes + ([restored] if restored else []):
         logger.message(line)
     return Trainer(
         cfg=cfg,
@@ -121,7 +121,7 @@ def _build(
         checkpoints=checkpoints,
         progress=progress,
         logger=logger,
-        meter=TrainMeter(rt.device, cfg.precision, report_kl=cfg.rdrop_alpha > 0),
+        meter=TrainMeter(rt.device, rt.precision, report_kl=cfg.rdrop_alpha > 0),
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
         run_lock=run_lock,
     )

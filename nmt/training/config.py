@@ -23,7 +23,12 @@ from nmt.model.config import ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "fixed")
 SCHEDULE_UNITS = ("updates", "time")
-PRECISIONS = ("fp32", "bf16", "fp16")  # nmt.runtime.PRECISIONS (not imported: it needs torch)
+PRECISIONS = (
+    "fp32",
+    "bf16",
+    "fp16",
+    "auto",
+)  # nmt.runtime.PRECISIONS (not imported: it needs torch)
 BEST_METRICS = ("loss", "nll", "bleu")
 
 
@@ -190,7 +195,9 @@ class TrainConfig:
 
     # --- numerics and device ---
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 (autocast, CPU or CUDA) | fp16 (CUDA, loss scaling)
+    precision: str = (
+        "fp32"  # fp32 | bf16 (autocast) | fp16 (CUDA, loss scaling) | auto (bf16 if native)
+    )
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     max_oom_skips: int = 3  # out-of-memory updates skipped in a row before the run stops
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = no clipping (gnorm still logged)

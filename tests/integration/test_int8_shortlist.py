@@ -171,7 +171,7 @@ def test_bad_options_are_one_line(model, shortlist, demo_data_dir, tmp_path):
         ),
         (
             ("generate", f"checkpoint={model}", f"input={text}", "precision=int4"),
-            r"nmt-generate: error: precision=int4: unknown; use one of fp32, bf16, fp16, int8",
+            r"nmt-generate: error: precision=int4: unknown; use one of fp32, bf16, fp16, auto, int8",
         ),
         (
             ("generate", f"checkpoint={model}", f"input={text}", "score_reference=true")

@@ -60,7 +60,7 @@ def test_precision_checks_name_the_key():
     runtime.check_precision("bf16", cpu)
     with pytest.raises(NmtError, match="precision=fp16: needs a CUDA device"):
         runtime.check_precision("fp16", cpu)
-    with pytest.raises(NmtError, match="precision=fp8: unknown; use one of fp32, bf16, fp16"):
+    with pytest.raises(NmtError, match="precision=fp8: unknown; use one of fp32, bf16, fp16, auto"):
         runtime.check_precision("fp8", cpu)
 
 
@@ -155,3 +155,62 @@ def test_tf32_is_switched_on_for_cuda_only(monkeypatch):
         assert not matmul.allow_tf32
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them (x86 /proc/cpuinfo), or empty."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_native_bf16_agrees_with_the_kernels_cpu_flags():
+    """A real check on this machine: torch's probes against the kernel's own flags."""
+    flags = _cpu_flags()
+    if not flags:
+        pytest.skip("no x86 flags line in /proc/cpuinfo")
+    expected = bool(flags & {"avx512_bf16", "amx_tile"})
+    assert runtime.native_bf16(torch.device("cpu")) is expected
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_is_bf16_only_where_the_cpu_computes_it(monkeypatch, native):
+    # The CPU's features are simulated (the probes patched): one machine has one CPU.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cpu = torch.device("cpu")
+    precision, note = runtime.resolve_precision("auto", cpu)
+    assert precision == ("bf16" if native else "fp32")
+    assert note.startswith(f"precision=auto: {precision} (this CPU ")
+    rt = runtime.setup("cpu", "auto", inference=True)
+    assert (rt.precision, rt.note) == (precision, note)
+    # an explicit bf16 runs either way; where it is emulated a note says fp32 is faster
+    precision, note = runtime.resolve_precision("bf16", cpu, key="dtype")
+    assert precision == "bf16"
+    if native:
+        assert note == ""
+    else:
+        assert note.startswith("dtype=bf16: this CPU has no native bf16 (AVX512_BF16 or AMX)")
+        assert "dtype=fp32 or auto is faster" in note
+    assert runtime.resolve_precision("fp32", cpu) == ("fp32", "")
+
+
+def test_auto_on_a_gpu_follows_its_compute_capability(monkeypatch, two_gpus):
+    # CUDA simulated (see the module's docstring); only the choice is under test.
+    cuda = torch.device("cuda", 0)
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda native=native, **_: native)
+        assert runtime.resolve_precision("auto", cuda)[0] == expected
+    assert runtime.resolve_precision("fp16", cuda) == ("fp16", "")
+
+
+def test_auto_never_means_int8_and_int8_stays_for_translation():
+    cpu = torch.device("cpu")
+    assert runtime.resolve_precision("auto", cpu, inference=True)[0] in ("bf16", "fp32")
+    with pytest.raises(NmtError, match="precision=int8: for translation only"):
+        runtime.resolve_precision("int8", cpu)

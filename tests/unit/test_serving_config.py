@@ -55,7 +55,7 @@ def test_models_from_yaml_are_model_specs():
         (dict(max_request_chars=0), "max_request_chars=0: must be 1 or more"),
         (dict(max_sentences=0), "max_sentences=0: must be 1 or more"),
         (dict(overlong="skip"), "overlong=skip: unknown; use one of truncate, error"),
-        (dict(precision="fp8"), "precision=fp8: unknown; use one of fp32, bf16, fp16"),
+        (dict(precision="fp8"), "precision=fp8: unknown; use one of fp32, bf16, fp16, auto, int8"),
         (dict(log_level="loud"), "log_level=loud: unknown; use one of critical"),
         (dict(threads=-1), "threads=-1: must not be negative"),
         (dict(beam=0), "beam=0: must be 1 or more; use 1 for greedy search"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import TINY_MODEL, run_training, tiny_config
 
+from nmt import runtime
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
 from nmt.training import build_training
@@ -112,6 +113,28 @@ def test_bf16_follows_the_fp32_loss_curve(demo_data_dir, tmp_path):
         ]
     assert losses["fp32"] != losses["bf16"]  # autocast really ran
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.02)
+
+
+def test_auto_precision_trains_as_the_precision_it_names(demo_data_dir, tmp_path, capsys):
+    """precision=auto is this machine's choice (bf16 with native bf16, else fp32): the same
+    losses, to the bit, as that precision given by name, and the log says which it was."""
+    named = "bf16" if runtime.native_bf16(torch.device("cpu")) else "fp32"
+    losses = {}
+    for precision in ("auto", named):
+        cfg = tiny_config(
+            demo_data_dir,
+            tmp_path / precision,
+            precision=precision,
+            max_update=4,
+            log_interval=2,
+            no_save=True,
+        )
+        run_training(cfg)
+        losses[precision] = [
+            e["loss"] for e in _events(tmp_path / precision) if e["type"] == "train"
+        ]
+    assert losses["auto"] == losses[named]
+    assert f"precision=auto: {named} (this CPU " in capsys.readouterr().err
 
 
 def test_clip_norm_logs_the_unclipped_norm(demo_data_dir, tmp_path):

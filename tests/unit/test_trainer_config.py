@@ -28,7 +28,7 @@ def _message(cfg) -> str:
 @pytest.mark.parametrize(
     "overrides, start",
     [
-        ({"precision": "fp8"}, "precision=fp8: unknown; use one of fp32, bf16, fp16"),
+        ({"precision": "fp8"}, "precision=fp8: unknown; use one of fp32, bf16, fp16, auto"),
         ({"best_metric": "acc"}, "best_metric=acc: unknown; use one of loss, nll, bleu"),
         ({"best_metric": "bleu"}, "best_metric=bleu: needs the validation BLEU; set eval_bleu"),
         ({"train_split": ""}, "train_split='': empty; name one"),

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Inference choices of a finished Multi30k recipe run, scored on the validation set (val),
+# never on test_2016_flickr: which checkpoints to average, the beam and the length penalty.
+# One line per choice: the choice, sacreBLEU on val, and the seconds its translation took.
+#
+# usage (from the repository root, after scripts/multi30k_recipe.sh):
+#   scripts/multi30k_val_sweep.sh                          # en-de run in work/multi30k
+#   DIRECTION=de-en scripts/multi30k_val_sweep.sh
+#   AVGS="3 5 8" BEAMS="5" LENPENS="0.6 1.0 1.4" scripts/multi30k_val_sweep.sh
+#
+# Environment (all optional): DIRECTION, RAW, WORK, PYTHON as in multi30k_recipe.sh;
+#   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone)
+#   BEAMS    beam sizes (default "5")      LENPENS  length penalties (default "1.0")
+# Every averaging is crossed with every beam and length penalty. Outputs go to
+# <run>/val_sweep/ (translations and averaged checkpoints; re-runs reuse the averages).
+set -euo pipefail
+
+SCRIPT=multi30k_val_sweep
+source "$(dirname "$0")/multi30k_env.sh"
+WORK=${WORK:-work/multi30k}
+AVGS=${AVGS:-3 5}
+BEAMS=${BEAMS:-5}
+LENPENS=${LENPENS:-1.0}
+RUN="$WORK/runs/${SRC}_${TGT}"
+if [ ! -f "$RUN/checkpoint_last.pt" ]; then
+  echo "multi30k_val_sweep: error: $RUN/checkpoint_last.pt: missing; run scripts/multi30k_recipe.sh first" >&2
+  exit 2
+fi
+OUT="$RUN/val_sweep"
+mkdir -p "$OUT"
+
+printf '%-10s %5s %7s %9s %8s\n' average beam lenpen "val BLEU" seconds
+for avg in $AVGS; do
+  ckpt="$OUT/avg_last$avg.pt"
+  if [ ! -f "$ckpt" ]; then
+    nmt average inputs="$RUN" num_last="$avg" output="$ckpt" > "$ckpt.log" 2>&1 ||
+      { cat "$ckpt.log" >&2; exit 1; }
+  fi
+  for beam in $BEAMS; do
+    for lenpen in $LENPENS; do
+      hyp="$OUT/val.avg$avg.beam$beam.lenpen$lenpen.$TGT"
+      start=$(date +%s%N)
+      nmt generate checkpoint="$ckpt" input="$RAW/val.$SRC" output="$hyp" beam="$beam" \
+        lenpen="$lenpen" device=cpu threads=2 progress=false 2> "$hyp.log" ||
+        { cat "$hyp.log" >&2; exit 1; }
+      ms=$(( ($(date +%s%N) - start) / 1000000 ))
+      bleu=$(nmt score hyp="$hyp" refs="$RAW/val.$TGT" metrics=[bleu] |
+             sed -n 's/^BLEU[^=]*= \([0-9.]*\) .*/\1/p' | head -n 1)
+      printf '%-10s %5s %7s %9s %6d.%d\n' "last$avg" "$beam" "$lenpen" "$bleu" $((ms / 1000)) $((ms % 1000 / 100))
+    done
+  done
+done
