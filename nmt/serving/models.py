@@ -101,7 +101,7 @@ class ModelRegistry:
                 alignment_layer=cfg.alignment_layer,
             )
             if translator.runtime.note:
-                log.warning("%s", translator.runtime.note)
+                log.info("%s", translator.runtime.note)
             loaded.append((spec.name, translator, checkpoint_paths(spec.checkpoint)))
         names = _names(loaded)
         models = []

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from nmt import runtime
 from nmt.checkpoint import save_checkpoint, tokenizer_to_tensor
 from nmt.cli import main
 from nmt.data.binarize import TokenArrayWriter
@@ -129,6 +130,16 @@ def test_one_output_line_per_input_line_in_order(ckpt, text, capsys, tmp_path):
     finally:
         monkey.undo()
     assert alone == out
+
+
+def test_auto_precision_translates_as_the_precision_it_names(ckpt, text, capsys):
+    """precision=auto is bf16 on a CPU with native bf16, fp32 elsewhere: the same output,
+    and a note on stderr says which."""
+    named = "bf16" if runtime.native_bf16(torch.device("cpu")) else "fp32"
+    args = (f"checkpoint={ckpt}", f"input={text}", "beam=3")
+    auto, err = _generate(capsys, *args, "precision=auto")
+    assert f"nmt-generate: note: precision=auto: {named} (this CPU " in err
+    assert auto == _generate(capsys, *args, f"precision={named}")[0]
 
 
 def test_fairseq_format_nbest_and_alignments(ckpt, text, capsys, tokenizer):
