@@ -29,7 +29,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "auto")  # training and inference
 INFERENCE_PRECISIONS = (*PRECISIONS, "int8")
 # The CPU features with bf16 dot-product instructions (torch.cpu's private probes). Without
 # them oneDNN converts bf16 to fp32 and back around every product: on an AVX2-only AMD
-# EPYC a bf16 linear layer under autocast ran at 15 GFLOP/s against fp32's 113 (docs/results.md).
+# EPYC, bf16 training ran at 57 target tok/s against fp32's 1,600-2,100 (docs/results.md).
 CPU_BF16_PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 INT8_ENGINES = ("x86", "fbgemm")  # torch's quantized engines with fbgemm's int8 GEMM
