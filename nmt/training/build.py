@@ -105,7 +105,9 @@ def _build(
         tensorboard=cfg.tensorboard,
         start_update=progress.num_updates,
     )
-    for line in [rt.note] * bool(rt.note) + notes + data.notes + ([restored] if restored else []):
+    if rt.note:  # what precision=auto chose, or that bf16 is emulated here
+        notes = [rt.note, *notes]
+    for line in notes + data.notes + ([restored] if restored else []):
         logger.message(line)
     return Trainer(
         cfg=cfg,
