@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-import numpy as np
 import torch
 
 from nmt import distributed, runtime
@@ -20,7 +19,7 @@ from nmt.data.vocab import PAD
 from nmt.distributed import DistEnv
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer
-from nmt.training.checkpointing import BestTracker, CheckpointManager
+from nmt.training.checkpointing import BestTracker, CheckpointManager, seed_rank_stream
 from nmt.training.config import TrainConfig
 from nmt.training.data import load_train_data
 from nmt.training.logging import TrainLogger
@@ -146,8 +145,5 @@ def build_model(cfg: TrainConfig, meta: DataMeta, device: torch.device, rank: in
         tgt_vocab_size=meta.tgt_vocab_size,
         pad_id=PAD,
     ).to(device)
-    # Dropout draws from a stream of its own per rank (rank 0 of a job = a lone process).
-    stream = int(np.random.SeedSequence([cfg.seed, rank]).generate_state(1)[0])
-    torch.manual_seed(stream)
-    np.random.seed(stream)
+    seed_rank_stream(cfg.seed, rank)  # rank 0 of a job draws as a lone process does
     return model

@@ -74,6 +74,19 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     }
 
 
+def seed_rank_stream(seed: int, rank: int, update: int = 0) -> None:
+    """Seed torch's (CPU and CUDA) and numpy's generators with a stream of `rank`'s own.
+
+    Dropout draws from these, so ranks must not share a stream (their masks would be
+    equal). A fresh run seeds (seed, rank); a rank that a resumed run did
+    not have before also gets `update`, so that its stream is none drawn from earlier.
+    """
+    key = [seed, rank] if update == 0 else [seed, rank, update]
+    stream = int(np.random.SeedSequence(key).generate_state(1)[0])
+    torch.manual_seed(stream)
+    np.random.seed(stream)
+
+
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
     """Restore what rng_state saved; the CUDA generator of `device` (see rng_state).
 

@@ -17,7 +17,7 @@ import torch
 from nmt import distributed
 from nmt.checkpoint import build_checkpoint, load_checkpoint
 from nmt.errors import NmtError
-from nmt.training.checkpointing import BestTracker, rng_state, set_rng_state
+from nmt.training.checkpointing import BestTracker, rng_state, seed_rank_stream, set_rng_state
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
 from nmt.training.identity import check_checkpoint_data
@@ -172,8 +172,11 @@ def load_train_state(
         progress.epoch = int(state["epoch"])
         progress.position = int(state["position"])
     best.load_state_dict(state["best"])
-    rngs = state["rng"]
-    set_rng_state(rngs[rank] if rank < len(rngs) else rngs[0], device)
+    rngs = state["rng"]  # one per rank of the saved run
+    if rank < len(rngs):
+        set_rng_state(rngs[rank], device)
+    else:  # resumed with more ranks: rank 0's state again would repeat its dropout masks
+        seed_rank_stream(cfg.seed, rank, progress.num_updates)
 
 
 def numbered_due(cfg: TrainConfig, update: int, end_of_epoch: bool) -> bool:

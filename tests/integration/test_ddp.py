@@ -30,6 +30,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.distributed import DistEnv, env_from_environ
 from nmt.model.transformer import Transformer
 from nmt.training import build_training
+from nmt.training.checkpointing import set_rng_state
 from nmt.training.data import load_train_data
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
@@ -182,6 +183,47 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
         states[1]["epoch"],
         states[1]["position"],
     )
+
+
+def test_resuming_with_more_ranks_gives_the_new_rank_a_dropout_stream_of_its_own(
+    demo_data_dir, tmp_path
+):
+    """A run saved by one process and resumed by 2 ranks: rank 0 continues the saved
+    stream, rank 1 (which has no saved state) must not copy it, or the two ranks would draw
+    the same dropout masks for the rest of the run."""
+    save_dir = tmp_path / "run"
+    run_training(tiny_config(demo_data_dir, save_dir, max_update=2))  # dropout 0.1
+    saved = load_checkpoint(save_dir / "checkpoint_last.pt")["train_state"]["rng"]
+    assert len(saved) == 1
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        textwrap.dedent(f"""
+        import json, os
+        import torch
+        from pathlib import Path
+        from helpers import run_training, tiny_config
+        from nmt.training.trainer import Trainer
+
+        real_run = Trainer.run
+        def run(self):  # the first draws of this rank's stream, as the run starts
+            state = torch.get_rng_state()
+            draws = torch.rand(8).tolist()
+            torch.set_rng_state(state)
+            Path({str(tmp_path)!r}, f"draws{{os.environ['RANK']}}.json").write_text(
+                json.dumps(draws))
+            return real_run(self)
+        Trainer.run = run
+        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(save_dir)!r}),
+                                 max_update=4))
+    """)
+    )
+    failure = torchrun_standalone([str(worker)], tmp_path / "logs", timeout=300)
+    assert failure is None, failure
+    draws = [json.loads((tmp_path / f"draws{r}.json").read_text()) for r in (0, 1)]
+    set_rng_state(saved[0])
+    assert draws[0] == torch.rand(8).tolist()  # rank 0: the saved stream, continued
+    assert draws[1] != draws[0]
+    assert load_checkpoint(save_dir / "checkpoint_last.pt")["train_state"]["num_updates"] == 4
 
 
 def start_ranks_with_a_faulty_rank_1(
