@@ -30,7 +30,6 @@ from nmt.checkpoint import load_checkpoint
 from nmt.distributed import DistEnv, env_from_environ
 from nmt.model.transformer import Transformer
 from nmt.training import build_training
-from nmt.training.checkpointing import set_rng_state
 from nmt.training.data import load_train_data
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
@@ -220,8 +219,9 @@ def test_resuming_with_more_ranks_gives_the_new_rank_a_dropout_stream_of_its_own
     failure = torchrun_standalone([str(worker)], tmp_path / "logs", timeout=300)
     assert failure is None, failure
     draws = [json.loads((tmp_path / f"draws{r}.json").read_text()) for r in (0, 1)]
-    set_rng_state(saved[0])
-    assert draws[0] == torch.rand(8).tolist()  # rank 0: the saved stream, continued
+    saved_stream = torch.Generator()  # (the test process's own generators stay untouched)
+    saved_stream.set_state(saved[0]["torch"])
+    assert draws[0] == torch.rand(8, generator=saved_stream).tolist()  # rank 0: continued
     assert draws[1] != draws[0]
     assert load_checkpoint(save_dir / "checkpoint_last.pt")["train_state"]["num_updates"] == 4
 
