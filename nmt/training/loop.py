@@ -215,7 +215,7 @@ def after_update(
         end_of_epoch=end_of_epoch,
         epoch=finished_epoch,
         best_value=best_value,
-        stopping=stop is not None,
+        stop=stop,
     )
     return stop
 

@@ -179,21 +179,33 @@ def load_train_state(
         seed_rank_stream(cfg.seed, rank, progress.num_updates)
 
 
-def numbered_due(cfg: TrainConfig, update: int, end_of_epoch: bool) -> bool:
-    """A numbered checkpoint_<epoch>_<update>.pt is written at epoch ends and every
-    save_interval_updates."""
-    return end_of_epoch or bool(
-        cfg.save_interval_updates and update % cfg.save_interval_updates == 0
+# Stops that end a run's budget: its final weights, trained longest and (with a decaying
+# schedule) at the lowest learning rate, are the ones checkpoint averaging wants most.
+BUDGET_STOPS = ("max_update", "max_time")
+
+
+def numbered_due(
+    cfg: TrainConfig, update: int, end_of_epoch: bool, stop: str | None = None
+) -> bool:
+    """A numbered checkpoint_<epoch>_<update>.pt is written at epoch ends, every
+    save_interval_updates, and when max_update or max_time ends the run mid-epoch (as
+    OpenNMT-py and Marian save their last step), so that averaging the newest ones
+    includes the final weights."""
+    return (
+        end_of_epoch
+        or stop in BUDGET_STOPS
+        or bool(cfg.save_interval_updates and update % cfg.save_interval_updates == 0)
     )
 
 
 def save_after_update(
-    t: Trainer, *, end_of_epoch: bool, epoch: int, best_value: float | None, stopping: bool
+    t: Trainer, *, end_of_epoch: bool, epoch: int, best_value: float | None, stop: str | None
 ) -> None:
     """After an update: save when a numbered checkpoint is due, a new best was found
-    (`best_value`), or the run stops; checkpoint_last.pt is part of every save."""
-    numbered = numbered_due(t.cfg, t.progress.num_updates, end_of_epoch)
-    if numbered or best_value is not None or stopping:
+    (`best_value`), or the run stops (`stop`: why); checkpoint_last.pt is part of every
+    save."""
+    numbered = numbered_due(t.cfg, t.progress.num_updates, end_of_epoch, stop)
+    if numbered or best_value is not None or stop is not None:
         save(t, numbered=numbered, best_value=best_value, epoch=epoch)
 
 

@@ -172,6 +172,24 @@ def test_max_time_stops_after_the_update_in_progress(demo_data_dir, tmp_path):
     assert state["num_updates"] == 1 and state["elapsed"] > 0
 
 
+@pytest.mark.parametrize("budget", ["max_update", "max_time"])
+def test_a_budget_stop_mid_epoch_saves_the_final_weights_as_a_numbered_checkpoint(
+    demo_data_dir, tmp_path, budget
+):
+    """The last numbered checkpoints are what averaging takes (nmt-average num_last=K);
+    a run stopped by its budget between epoch ends must count its final weights among
+    them, not only the last epoch end's."""
+    limits = {"max_update": 3} if budget == "max_update" else {"max_update": 50, "max_time": 1e-9}
+    run = tmp_path / "run"
+    result = run_training(tiny_config(demo_data_dir, run, save_interval_updates=0, **limits))
+    assert result.stop_reason == budget and result.epoch == 1  # mid-epoch
+    final = run / f"checkpoint_1_{result.num_updates}.pt"
+    assert final.exists()
+    last_weights = load_checkpoint(run / "checkpoint_last.pt")["model"]
+    final_weights = load_checkpoint(final)["model"]
+    assert all(torch.equal(final_weights[k], v) for k, v in last_weights.items())
+
+
 def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
     values = iter([5.0, 4.0, 4.5, 4.6, 4.7])
     monkeypatch.setattr(Trainer, "validate", lambda self: {"loss": next(values), "nll": 0.0})
