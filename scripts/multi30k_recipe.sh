@@ -35,8 +35,8 @@ set -euo pipefail
 SCRIPT=multi30k_recipe
 source "$(dirname "$0")/multi30k_env.sh"  # DIRECTION -> SRC, TGT; RAW, PYTHON, nmt()
 SMOKE=${SMOKE:-0}
-if [ "$SMOKE" = 1 ]; then WORK=${WORK:-work/multi30k_smoke}; AVG=${AVG:-3}
-else WORK=${WORK:-work/multi30k}; AVG=${AVG:-3}; fi
+if [ "$SMOKE" = 1 ]; then WORK=${WORK:-work/multi30k_smoke}; else WORK=${WORK:-work/multi30k}; fi
+AVG=${AVG:-3}
 BEAM=${BEAM:-5}
 LENPEN=${LENPEN:-1.0}
 TEST=test_2016_flickr

@@ -184,9 +184,7 @@ def load_train_state(
 BUDGET_STOPS = ("max_update", "max_time")
 
 
-def numbered_due(
-    cfg: TrainConfig, update: int, end_of_epoch: bool, stop: str | None = None
-) -> bool:
+def numbered_due(cfg: TrainConfig, update: int, end_of_epoch: bool, stop: str | None) -> bool:
     """A numbered checkpoint_<epoch>_<update>.pt is written at epoch ends, every
     save_interval_updates, and when max_update or max_time ends the run mid-epoch (as
     OpenNMT-py and Marian save their last step), so that averaging the newest ones
