@@ -200,7 +200,8 @@ def test_save_dir_in_the_data_dir_is_refused(nmt_cli, preprocess_config, tmp_pat
 
 @pytest.fixture(scope="module")
 def two_updates(demo_data_dir, tmp_path_factory) -> Path:
-    """A run dir with checkpoint_last.pt at update 2."""
+    """A run dir with checkpoint_last.pt at update 2 (and checkpoint_1_2.pt: the max_update
+    stop's final weights)."""
     from nmt.cli import main
 
     run = tmp_path_factory.mktemp("full-disk") / "run"
@@ -270,10 +271,11 @@ def small_tmpfs(tmp_path):
 def test_a_full_file_system_during_a_save_is_one_line(
     nmt_cli, demo_data_dir, two_updates, small_tmpfs
 ):
-    """save_dir on a tmpfs with room for one checkpoint and a half: the next save's
-    temporary file fills it (ENOSPC mid-write)."""
+    """save_dir on a tmpfs with room for the run dir and half a checkpoint more: the next
+    save's temporary file fills it (ENOSPC mid-write)."""
     size = os.path.getsize(two_updates / "checkpoint_last.pt")
-    run = small_tmpfs(size * 3 // 2 + 64 * 1024) / "run"
+    run_dir_bytes = sum(p.stat().st_size for p in two_updates.iterdir())
+    run = small_tmpfs(run_dir_bytes + size // 2 + 64 * 1024) / "run"
     shutil.copytree(two_updates, run)
     before = (run / "checkpoint_last.pt").read_bytes()
     code, _, err = nmt_cli("train", *train_args(demo_data_dir, run, "max_update=4"))
