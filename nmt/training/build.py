@@ -75,7 +75,7 @@ def _build(
     progress = Progress()
     if env.is_distributed:  # every rank resumes, or none: save_dir must be shared
         distributed.check_shared(checkpoints.last_path, env)
-    restored = restore(
+    restored, copies_of_last = restore(
         cfg,
         data,
         checkpoints.last_path,
@@ -124,6 +124,7 @@ def _build(
         logger=logger,
         meter=TrainMeter(rt.device, rt.precision, report_kl=cfg.rdrop_alpha > 0),
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
+        copies_of_last=copies_of_last,
         run_lock=run_lock,
     )
 

@@ -34,6 +34,18 @@ LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
 CONFIG = "config.yaml"  # the run's resolved config, written at each start
 _NUMBERED = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+# train_state key: the names a save copies checkpoint_last.pt to (CheckpointManager.save)
+COPIES = "copies"
+
+
+def saved_update(path: Path) -> int | None:
+    """num_updates of a training checkpoint, read without loading its tensors (mmap);
+    None when the file is unreadable or holds no train_state."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return int(ckpt["train_state"]["num_updates"])
+    except Exception:  # any damage: the caller leaves such a file alone
+        return None
 
 
 def _cuda_device(device: torch.device | None) -> torch.device | None:
@@ -191,15 +203,18 @@ class CheckpointManager:
 
         `state`'s tensors may live on a GPU: they are copied to the host once, here.
         """
-        save_checkpoint(host_copy(state), self.last_path)
         written = [self.last_path]
+        if numbered:
+            written.append(self.numbered_path(epoch, update))
+        if best_value is not None:
+            written.append(self.save_dir / BEST)
+            if self.keep_best > 0:
+                written.append(self.best_k_path(best_value))
+        if "train_state" in state:  # the copies to make, kept for complete_copies
+            copies = [path.name for path in written[1:]]
+            state = {**state, "train_state": {**state["train_state"], COPIES: copies}}
+        save_checkpoint(host_copy(state), self.last_path)
         try:
-            if numbered:
-                written.append(self.numbered_path(epoch, update))
-            if best_value is not None:
-                written.append(self.save_dir / BEST)
-                if self.keep_best > 0:
-                    written.append(self.best_k_path(best_value))
             for path in written[1:]:
                 atomic_copy(self.last_path, path)
         except OSError as exc:
@@ -209,6 +224,22 @@ class CheckpointManager:
             ) from exc
         self.prune()
         return written
+
+    def complete_copies(self, names: list[str], update: int) -> list[Path]:
+        """Make the copies of checkpoint_last.pt (saved at `update`) that its save named
+        but a kill cut short: a name that is missing, or that holds an earlier update (a
+        checkpoint_best.pt not yet replaced). Never overwrites a later or unreadable file
+        (a user's `cp` of an old checkpoint onto checkpoint_last.pt rewinds only that)."""
+        made = []
+        for name in names:
+            path = self.save_dir / name
+            saved = saved_update(path) if path.exists() else -1
+            if saved is not None and saved < update:
+                atomic_copy(self.last_path, path)
+                made.append(path)
+        if made:
+            self.prune()  # a rewound run's old names may be past keep_last/keep_best again
+        return [path for path in made if path.exists()]
 
     def remove_stale_temps(self) -> list[Path]:
         """Delete the temporaries a killed run left mid-write beside its checkpoints and

@@ -97,12 +97,18 @@ def run(t: Trainer) -> TrainResult:
 
 
 def prepare_run_dir(t: Trainer) -> None:
-    """Rank 0: remove what a killed run left mid-write; save the resolved config."""
+    """Rank 0: remove what a killed run left mid-write, make the checkpoint copies it left
+    unmade; save the resolved config."""
     if not t.env.is_main:
         return
     t.checkpoints.save_dir.mkdir(parents=True, exist_ok=True)
     for path in t.checkpoints.remove_stale_temps():
         t.logger.message(f"removed {path.name}, an unfinished write")
+    # a kill between checkpoint_last.pt's write and its copies left some unmade
+    for path in t.checkpoints.complete_copies(t.copies_of_last, t.progress.num_updates):
+        t.logger.message(
+            f"wrote {path.name}, a copy of {t.checkpoints.last_path.name} that a killed run left unmade"
+        )
     config = yaml.safe_dump(asdict(t.cfg), sort_keys=False)
     atomic_write_text(t.checkpoints.save_dir / "config.yaml", config)
 

@@ -17,7 +17,13 @@ import torch
 from nmt import distributed
 from nmt.checkpoint import build_checkpoint, load_checkpoint
 from nmt.errors import NmtError
-from nmt.training.checkpointing import BestTracker, rng_state, seed_rank_stream, set_rng_state
+from nmt.training.checkpointing import (
+    COPIES,
+    BestTracker,
+    rng_state,
+    seed_rank_stream,
+    set_rng_state,
+)
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
 from nmt.training.identity import check_checkpoint_data
@@ -102,9 +108,10 @@ def restore(
     progress: Progress,
     rank: int,
     device: torch.device,
-) -> str | None:
+) -> tuple[str | None, list[str]]:
     """Resume from `last` (checkpoint_last.pt) when it exists, else start from
-    finetune_from's weights when set; returns a line for the log, or None for a fresh run."""
+    finetune_from's weights when set. Returns a line for the log (None for a fresh run) and
+    the names `last`'s save copied it to (CheckpointManager.complete_copies)."""
     # Loaded to the CPU whatever the device: load_state_dict copies the weights (and the
     # optimizer its state) to the parameters' device, and RNG states must be CPU tensors.
     if last.exists():
@@ -126,10 +133,11 @@ def restore(
         load_train_state(
             train_state, cfg, optimizer, scheduler, scaler, best, progress, rank, device
         )
-        return (
+        line = (
             f"resumed from {last} at update {progress.num_updates} "
             f"(epoch {progress.epoch}, batch {progress.position})"
         )
+        return line, list(train_state.get(COPIES, []))
     if cfg.finetune_from:
         path = Path(cfg.finetune_from)
         ckpt = load_checkpoint(path, map_location="cpu")
@@ -137,8 +145,8 @@ def restore(
             ckpt, path, "finetune with the same model and vocabulary", cfg, data, resuming=False
         )
         model.load_state_dict(ckpt["model"])
-        return f"starting from the weights of {path} (fresh optimizer and counters)"
-    return None
+        return f"starting from the weights of {path} (fresh optimizer and counters)", []
+    return None, []
 
 
 def load_train_state(

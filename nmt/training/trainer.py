@@ -64,6 +64,8 @@ class Trainer:
     oom_skips: int = 0  # updates dropped because a batch ran out of memory
     ooms_in_a_row: int = 0
     last_saved_update: int = -1  # num_updates of the latest checkpoint_last.pt
+    # the names checkpoint_last.pt's save copied it to (completed at the start of run())
+    copies_of_last: list[str] = field(default_factory=list)
     # save_dir's lock (nmt.training.run_dir), held from build_training to the end of run()
     run_lock: ExitStack = field(default_factory=ExitStack)
 

@@ -24,6 +24,7 @@ from helpers import assert_bitwise_equal, last_params
 from test_reliability_input import train_args
 
 from nmt.checkpoint import load_checkpoint
+from nmt.training.checkpointing import saved_update as update_in
 
 BIN = Path(sys.executable).parent
 UPDATES = 16
@@ -176,3 +177,71 @@ def test_fault_injection_five_random_kills_bitwise(demo_data_dir, tmp_path, refe
     seen = kill_and_resume(demo_data_dir, run, kills=5, seed=seed)
     assert seen == sorted(seen)  # progress is never lost
     assert_bitwise_equal(last_params(run), last_params(reference))
+
+
+KILL_BEFORE_COPY = textwrap.dedent("""
+    # nmt-train killed (SIGKILL) when its save at update argv[1] has written checkpoint_last.pt
+    # and is about to copy it to the name argv[2]
+    import os, signal, sys
+    from pathlib import Path
+    from nmt.training import checkpointing
+    update, name, real_copy = int(sys.argv[1]), sys.argv[2], checkpointing.atomic_copy
+    def copy(src, dst):
+        if Path(dst).name == name and checkpointing.saved_update(Path(src)) == update:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_copy(src, dst)
+    checkpointing.atomic_copy = copy
+    from nmt.cli import main
+    main("train", sys.argv[3:])
+""")
+
+
+@pytest.fixture(scope="module")
+def validated_reference(demo_data_dir, tmp_path_factory) -> tuple[Path, list[str]]:
+    """An uninterrupted run that validates, whose final save (the max_update stop) writes
+    checkpoint_last.pt, a numbered copy and checkpoint_best.pt; and its arguments."""
+    from nmt.cli import main
+
+    save_dir = tmp_path_factory.mktemp("validated")
+    args = train_args(
+        demo_data_dir, save_dir, "max_update=6", "valid_split=valid", "log_interval=1"
+    )
+    main("train", args)
+    assert update_in(save_dir / "checkpoint_best.pt") == 6, "the last validation must be best"
+    return save_dir, args
+
+
+@pytest.mark.parametrize("copy", ["numbered", "best"])
+def test_a_kill_between_checkpoint_last_and_its_copies_is_completed_by_the_rerun(
+    validated_reference, tmp_path, copy
+):
+    """kill -9 after the final save wrote checkpoint_last.pt, before its copy to the numbered
+    name (or to checkpoint_best.pt): the same command, with nothing left to train, makes it."""
+    reference, reference_args = validated_reference
+    (numbered,) = [p.name for p in reference.glob("checkpoint_*_6.pt")]
+    name = numbered if copy == "numbered" else "checkpoint_best.pt"
+    run = tmp_path / "run"
+    args = [f"save_dir={run}" if a.startswith("save_dir=") else a for a in reference_args]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_BEFORE_COPY, "6", name, *args],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert saved_update(run) == 6
+    if copy == "numbered":
+        assert not (run / name).exists()
+    else:  # the best of an earlier validation, or none
+        assert not (run / name).exists() or update_in(run / name) < 6
+    rerun = subprocess.run(
+        [str(BIN / "nmt-train"), *args], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"wrote {name}" in rerun.stderr
+    assert update_in(run / name) == 6
+    assert_bitwise_equal(load_checkpoint(run / name)["model"], last_params(reference))
+    assert sorted(p.name for p in run.glob("checkpoint*.pt")) == sorted(
+        p.name for p in reference.glob("checkpoint*.pt")
+    )

@@ -120,3 +120,39 @@ def test_a_failed_link_leaves_no_temporary(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert not list(tmp_path.glob(".*.tmp"))
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["num_updates"] == 2
+
+
+def _copies_of_last(save_dir: Path) -> list[str]:
+    return load_checkpoint(save_dir / "checkpoint_last.pt")["train_state"]["copies"]
+
+
+def test_complete_copies_makes_missing_and_earlier_ones_and_leaves_later_ones(tmp_path):
+    """What a re-run does after a kill between checkpoint_last.pt and its copies (the
+    process-level kill -9 is tests/integration/test_reliability_crash.py); a rewound
+    checkpoint_last.pt (a user's `cp` of an old one) never overwrites a later checkpoint."""
+    m = CheckpointManager(tmp_path, keep_last=2, keep_best=1, metric="loss", maximize=False)
+    m.save(_state(1), epoch=1, update=1, numbered=True, best_value=5.0)
+    m.save(_state(2), epoch=1, update=2, numbered=True, best_value=4.0)
+    names = _copies_of_last(tmp_path)
+    assert names == ["checkpoint_1_2.pt", "checkpoint_best.pt", "checkpoint.best_loss_4.0000.pt"]
+    assert m.complete_copies(names, 2) == []  # all made: nothing to do
+    # as a kill before the copies leaves them: numbered and best_k missing, best one save behind
+    (tmp_path / "checkpoint_1_2.pt").unlink()
+    (tmp_path / "checkpoint.best_loss_4.0000.pt").unlink()
+    (tmp_path / "checkpoint_best.pt").write_bytes((tmp_path / "checkpoint_1_1.pt").read_bytes())
+    assert sorted(p.name for p in m.complete_copies(names, 2)) == sorted(names)
+    for name in names:
+        assert load_checkpoint(tmp_path / name)["model"]["w"][0] == 2.0
+    assert not list(tmp_path.glob(".*tmp"))
+    # rewound: checkpoint_last.pt replaced by update 1, whose save named checkpoint_best.pt too
+    (tmp_path / "checkpoint_last.pt").write_bytes((tmp_path / "checkpoint_1_1.pt").read_bytes())
+    assert m.complete_copies(_copies_of_last(tmp_path), 1) == []
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["model"]["w"][0] == 2.0
+
+
+def test_complete_copies_leaves_an_unreadable_file_alone(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=2, keep_best=0, metric="loss", maximize=False)
+    m.save(_state(3), epoch=1, update=3, numbered=True, best_value=None)
+    (tmp_path / "checkpoint_1_3.pt").write_bytes(b"not a checkpoint")
+    assert m.complete_copies(_copies_of_last(tmp_path), 3) == []
+    assert (tmp_path / "checkpoint_1_3.pt").read_bytes() == b"not a checkpoint"
