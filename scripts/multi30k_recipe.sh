@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Multi30k recipe, from raw text to a BLEU score with its sacrebleu signature:
 #   1. nmt-preprocess: joint 8k unigram SentencePiece, binarized train/valid/test_2016_flickr
-#   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small, fairseq's standard
+#   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small at 192 dim, fairseq's standard
 #      recipe (configs/experiment/multi30k_*.yaml), stopped after max_time=1.0 hour
 #   3. nmt-average: average the last AVG numbered checkpoints (the final weights and the
 #      last epoch ends before them)
