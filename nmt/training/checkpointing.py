@@ -235,7 +235,13 @@ class CheckpointManager:
             path = self.save_dir / name
             saved = saved_update(path) if path.exists() else -1
             if saved is not None and saved < update:
-                atomic_copy(self.last_path, path)
+                try:
+                    atomic_copy(self.last_path, path)
+                except OSError as exc:  # a full disk at start: one line, as in save()
+                    raise NmtError(
+                        f"{path}: could not write this copy of {LAST} ({exc.strerror or exc}); "
+                        f"{LAST} is complete: {write_failure_hint(exc)}"
+                    ) from exc
                 made.append(path)
         if made:
             self.prune()  # a rewound run's old names may be past keep_last/keep_best again

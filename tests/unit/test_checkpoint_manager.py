@@ -156,3 +156,20 @@ def test_complete_copies_leaves_an_unreadable_file_alone(tmp_path):
     (tmp_path / "checkpoint_1_3.pt").write_bytes(b"not a checkpoint")
     assert m.complete_copies(_copies_of_last(tmp_path), 3) == []
     assert (tmp_path / "checkpoint_1_3.pt").read_bytes() == b"not a checkpoint"
+
+
+def test_complete_copies_on_a_file_size_limit_is_one_line_error(tmp_path):
+    """A real limit (RLIMIT_FSIZE; CPython ignores SIGXFSZ, so the write fails with EFBIG)."""
+    import resource
+
+    m = CheckpointManager(tmp_path, keep_last=2, keep_best=0, metric="loss", maximize=False)
+    m.save(_state(3), epoch=1, update=3, numbered=True, best_value=None)
+    (tmp_path / "checkpoint_1_3.pt").unlink()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))
+    try:
+        with pytest.raises(NmtError, match=r"checkpoint_1_3.pt: could not write this copy"):
+            m.complete_copies(_copies_of_last(tmp_path), 3)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not (tmp_path / "checkpoint_1_3.pt").exists() and not list(tmp_path.glob(".*tmp"))
