@@ -9,9 +9,10 @@ in every command:
                | int8 (inference only, CPU only: int8 weights and fbgemm's int8 kernels in
                the linear layers, nmt.model.quantize; fp32 elsewhere)
 Under torchrun each rank takes the GPU of its LOCAL_RANK: `device=cuda` and `device=auto`
-mean cuda:LOCAL_RANK, and a fixed `cuda:N` is refused (every rank would share one GPU).
-A launcher that shows each process only its own GPU (CUDA_VISIBLE_DEVICES per rank, as
-SLURM's --gpus-per-task does) leaves one visible device: every rank then uses cuda:0.
+mean cuda:LOCAL_RANK, and a fixed `cuda:N` other than that is refused (ranks would share a
+GPU). A launcher that shows each process only its own GPU (CUDA_VISIBLE_DEVICES per rank,
+as SLURM's --gpus-per-task does) leaves one visible device: every rank then uses cuda:0,
+and `device=cuda:0` says the same.
 """
 
 from __future__ import annotations
@@ -56,13 +57,18 @@ def resolve_device(
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise NmtError(f"{key}={name}: no CUDA device is available; use {key}=cpu")
-        if distributed and device.index is not None and device.index != local_rank:
-            raise NmtError(
-                f"{key}={name}: under torchrun each rank uses the GPU of its "
-                f"LOCAL_RANK ({local_rank} here); use {key}=cuda, and "
-                "CUDA_VISIBLE_DEVICES to choose the GPUs"
-            )
-        if device.index is None:
+        if distributed:
+            # the rank's own GPU: LOCAL_RANK's, or cuda:0 when the launcher shows each rank
+            # one GPU (SLURM --gpus-per-task=1); any other index would share a GPU
+            own = _rank_gpu(local_rank, distributed, key, name)
+            if device.index is not None and device.index != own:
+                raise NmtError(
+                    f"{key}={name}: under torchrun each rank uses the GPU of its "
+                    f"LOCAL_RANK (cuda:{own} here); use {key}=cuda, and "
+                    "CUDA_VISIBLE_DEVICES to choose the GPUs"
+                )
+            device = torch.device("cuda", own)
+        elif device.index is None:
             device = torch.device("cuda", _rank_gpu(local_rank, distributed, key, name))
         if device.index >= torch.cuda.device_count():
             raise NmtError(

@@ -98,10 +98,12 @@ def test_each_rank_sees_its_own_single_gpu_as_cuda_0(monkeypatch):
     """A launcher that sets CUDA_VISIBLE_DEVICES per rank (SLURM --gpus-per-task=1)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    for name in ("auto", "cuda"):
+    for name in ("auto", "cuda", "cuda:0"):
         assert runtime.resolve_device(name, local_rank=3, distributed=True) == torch.device(
             "cuda", 0
         )
+    with pytest.raises(NmtError, match=r"device=cuda:1: .* LOCAL_RANK \(cuda:0 here\)"):
+        runtime.resolve_device("cuda:1", local_rank=3, distributed=True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(NmtError, match="LOCAL_RANK is 3 but only 2 CUDA devices are visible"):
         runtime.resolve_device("auto", local_rank=3, distributed=True)
