@@ -17,6 +17,7 @@ from torch import Tensor
 from nmt.data.collate import collate
 from nmt.data.vocab import PAD
 from nmt.model.transformer import Transformer
+from nmt.runtime import inference_mode
 
 # Target positions projected to the vocabulary at once: bounds the [positions, V] logits
 # (64 sentences x 50 tokens x 32k vocabulary would be 400 MB in one piece).
@@ -32,7 +33,7 @@ def forced_batch(
     return batch.src_tokens.to(device), batch.prev_tokens.to(device), batch.target.to(device)
 
 
-@torch.inference_mode()
+@inference_mode
 def forced_log_probs(
     models: Sequence[Transformer], src_tokens: Tensor, prev_tokens: Tensor, target: Tensor
 ) -> Tensor:

@@ -36,6 +36,7 @@ from nmt.generation.search import beam_candidates, length_penalty, sample_candid
 from nmt.generation.shortlist import BatchVocab, batch_vocab
 from nmt.model.cache import CacheMemory
 from nmt.model.transformer import Transformer
+from nmt.runtime import inference_mode
 
 
 @dataclass
@@ -273,7 +274,7 @@ class SequenceGenerator:
         at = None if not attn else attn[0] if len(attn) == 1 else torch.stack(attn).mean(0)
         return lp, at
 
-    @torch.inference_mode()
+    @inference_mode
     def generate(
         self,
         src_tokens: Tensor,

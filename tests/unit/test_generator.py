@@ -338,3 +338,34 @@ def test_nbest_and_attention_per_call(model):
         assert one[0].tokens.tolist() == three[0].tokens.tolist()
         assert all(h.attention.shape == (len(h.tokens), src.size(1)) for h in three)
     assert all(h[0].attention is None for h in gen.generate(src))  # nothing sticks
+
+
+def _weight_casts(model: Transformer, search: SearchConfig, src: torch.Tensor, outer) -> tuple:
+    """(hypotheses, how many times the [V, D] output weights were copied) of a bf16 search
+    run inside the context `outer`."""
+    shape = list(model.decoder.output_projection.weight.shape)
+    with outer, torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.profiler.profile(record_shapes=True) as prof:
+            found = SequenceGenerator([model], search).generate(src)
+    casts = sum(
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::copy_" and e.input_shapes[:1] == [shape]
+    )
+    return found, casts
+
+
+def test_under_autocast_the_output_weights_are_cast_once_per_search(model):
+    """torch.inference_mode turns autocast's cache of bf16 weight casts off, so the output
+    projection's [V, D] weights were cast again at every step (nmt.runtime.inference_mode
+    runs the search under no_grad instead). The cached casts are the same values: the
+    search finds bitwise the same hypotheses as with the cache off (an outer
+    inference_mode, which no_grad inside it does not leave)."""
+    src = _pad(_sources([6, 12, 9], seed=6))
+    search = SearchConfig(beam=4, nbest=2, max_len_b=10)
+    cached, casts = _weight_casts(model, search, src, torch.no_grad())
+    uncached, steps = _weight_casts(model, search, src, torch.inference_mode())
+    assert casts == 1 and steps > 3  # one per decoding step without the cache
+    for a, b in zip(cached, uncached):
+        assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
+        assert [h.score for h in a] == [h.score for h in b]
