@@ -45,11 +45,19 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         distributed=env.is_distributed,
     )
     distributed.init_process_group(env, rt.device, cfg.ddp_timeout)
-    run_lock, notes = lock_run_dir(cfg, env)  # before anything is written or deleted
     try:
-        return _build(cfg, env, rt, run_lock, notes)
+        run_lock, notes = lock_run_dir(cfg, env)  # before anything is written or deleted
+        try:
+            return _build(cfg, env, rt, run_lock, notes)
+        except BaseException:
+            run_lock.close()
+            raise
     except BaseException:
-        run_lock.close()
+        # Leave the job here, as training.loop.run does after a failure: a group left to
+        # interpreter exit was torn down with the process's other threads, and a rank
+        # died of SIGABRT ("terminate called without an active exception") after its
+        # one-line error, 2 of 28 runs on a loaded 2-vCPU machine (docs/reliability.md, 12b).
+        distributed.destroy_process_group(wait_for_peers=False)
         raise
 
 
