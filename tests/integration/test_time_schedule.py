@@ -81,9 +81,13 @@ def test_a_killed_run_resumes_on_the_same_lr_curve(demo_data_dir, tmp_path):
     cfg = to_dataclass(compose_config("train", args), "train")
     lr_of = schedule_function(cfg.optim, cfg.max_update)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [str(BIN / "nmt-train"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
-    )
+    # stderr to a file, not a pipe nobody reads while waiting: log_interval=1 fills a 64 KiB
+    # pipe before 55% of the budget on a fast CPU, and the blocked run never got there
+    stderr_path = tmp_path / "stderr.log"
+    with stderr_path.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [str(BIN / "nmt-train"), *args], stdout=subprocess.DEVNULL, stderr=stderr, env=env
+        )
     # SIGKILL half way through the decay, 10 or more updates after a checkpoint
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
@@ -91,7 +95,8 @@ def test_a_killed_run_resumes_on_the_same_lr_curve(demo_data_dir, tmp_path):
             break
         time.sleep(0.02)
     proc.kill()
-    err = proc.communicate(timeout=60)[1].decode()
+    proc.wait(timeout=60)
+    err = stderr_path.read_text(errors="replace")
     assert proc.returncode == -9, f"the run ended before the kill: {err[-2000:]}"
     saved = load_checkpoint(run / "checkpoint_last.pt")["train_state"]
     first_run = [e for e in events(run) if e["type"] == "train"]
