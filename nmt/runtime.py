@@ -214,6 +214,19 @@ def enable_tf32(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def disable_cudnn_attention(device: torch.device) -> None:
+    """Keep SDPA off cuDNN's attention kernels (CUDA only).
+
+    On an H100 torch picks cuDNN's fused attention for masked bf16/fp16 batches, and cuDNN
+    builds an execution plan on the host for every new shape. Token batching and beam
+    search make new shapes all the time (every batch, every decoding step's batch size),
+    so the GPU waited on the host: bf16 trained at 0.08x fp32 and translated at 0.18x
+    (docs/results.md, "On a GPU"). Flash and memory-efficient attention have no per-shape
+    plan and take the same inputs."""
+    if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, numpy's and torch's (CPU and every CUDA device's) generators."""
     random.seed(seed)
@@ -250,7 +263,8 @@ def setup(
     precision_key: str = "precision",
     inference: bool = False,
 ) -> Runtime:
-    """Resolve and check device and precision, then set threads and TF32 for the process.
+    """Resolve and check device and precision, then set threads, TF32 and the attention
+    kernels (disable_cudnn_attention) for the process.
 
     The `*_key` arguments name the config keys in errors; `inference` admits int8.
     """
@@ -263,4 +277,5 @@ def setup(
         enable_tf32(resolved)
     if resolved.type == "cuda":
         torch.cuda.set_device(resolved)
+        disable_cudnn_attention(resolved)
     return Runtime(resolved, concrete, note)

@@ -162,9 +162,21 @@ def rank_env(port: int, rank: int, world_size: int = 2, local_rank: int | None =
 
 def outputs_of(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
     """(stdout, stderr) of each process once it has ended, waiting up to `timeout` s for
-    each; none is left running, whatever happens."""
+    each; none is left running, whatever happens. A process still running then fails the
+    test with the end of every process's stderr: what each was doing when it hung."""
     try:
         return [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired as hung:
+        for p in procs:
+            p.kill()
+        tails = []
+        for i, p in enumerate(procs):
+            try:
+                err = p.communicate(timeout=10)[1] or ""
+            except (subprocess.TimeoutExpired, ValueError):  # a child holds the pipe
+                err = "(its stderr could not be read)"
+            tails.append(f"--- process {i} (exit {p.returncode}) stderr:\n{err[-3000:]}")
+        raise AssertionError(f"{hung}\n" + "\n".join(tails)) from None
     finally:
         for p in procs:
             p.kill()

@@ -6,8 +6,8 @@ without one (tests/conftest.py). Run it on a GPU machine with a CUDA build of to
 cuBLAS needs a fixed workspace for deterministic results (the bitwise-resume test turns
 torch's deterministic algorithms on); it must be set before cuBLAS starts, so here.
 
-TF32, deterministic algorithms and the sync debug mode are process-wide switches that
-training turns on (runtime.setup enables TF32) or a test sets: each test gets them back as
+TF32, deterministic algorithms, cuDNN attention and the sync debug mode are process-wide
+switches that training turns on or off (runtime.setup) or a test sets: each test gets them back as
 they were, so that no test's result depends on which tests ran before it (generation's
 exact-fp32 comparisons would otherwise run on TF32 after any CUDA training test).
 """
@@ -38,11 +38,14 @@ def trained_checkpoint(demo_data_dir: Path, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(autouse=True)
 def cuda_switches_restored():
-    """TF32, deterministic algorithms and the sync debug mode as they were before the test."""
+    """TF32, deterministic algorithms, cuDNN attention and the sync debug mode as they were
+    before the test."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = (matmul.allow_tf32, cudnn.allow_tf32, torch.are_deterministic_algorithms_enabled())
+    cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()  # runtime.setup turns it off
     yield
     matmul.allow_tf32, cudnn.allow_tf32 = before[:2]
     torch.use_deterministic_algorithms(before[2])
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
     if torch.cuda.is_available():
         torch.cuda.set_sync_debug_mode("default")

@@ -140,6 +140,7 @@ def test_tf32_is_switched_on_for_cuda_only(monkeypatch):
     """fp32 matmuls on TF32 tensor cores on a GPU (as fairseq); nothing changes on a CPU."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = (matmul.allow_tf32, cudnn.allow_tf32)
+    cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()  # setup("cuda") turns it off
     try:
         matmul.allow_tf32 = cudnn.allow_tf32 = False
         runtime.enable_tf32(torch.device("cpu"))
@@ -157,6 +158,29 @@ def test_tf32_is_switched_on_for_cuda_only(monkeypatch):
         assert not matmul.allow_tf32
     finally:
         matmul.allow_tf32, cudnn.allow_tf32 = before
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+
+
+def test_cudnn_attention_is_switched_off_for_cuda_only(monkeypatch):
+    """SDPA stays off cuDNN's attention on a GPU: cuDNN plans every new shape on the host,
+    and token batching and beam search make new shapes all the time (bf16 on an H100
+    trained at 0.08x fp32 and translated at 0.18x with it on, docs/results.md)."""
+    cuda = torch.backends.cuda
+    before = cuda.cudnn_sdp_enabled()
+    try:
+        cuda.enable_cudnn_sdp(True)
+        runtime.disable_cudnn_attention(torch.device("cpu"))
+        assert cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+        for tf32 in (True, False):  # training's setup and generation's
+            cuda.enable_cudnn_sdp(True)
+            runtime.setup("cuda", "fp32", tf32=tf32)
+            assert not cuda.cudnn_sdp_enabled()
+            assert cuda.flash_sdp_enabled() and cuda.mem_efficient_sdp_enabled()
+    finally:
+        cuda.enable_cudnn_sdp(before)
 
 
 def _cpu_flags() -> set[str]:
