@@ -22,7 +22,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -51,9 +51,30 @@ def config_dir() -> Path:
     return Path(str(files("nmt.configs")))
 
 
-def _fail(prog: str, message: str, code: int = 2) -> None:
+def _fail(prog: str, message: str, code: int = 2) -> NoReturn:
     first_line = " ".join(str(message).strip().splitlines()[:1]) or "unknown error"
     print(f"{prog}: error: {first_line}", file=sys.stderr)
+    _exit(code)
+
+
+def _exit(code: int) -> NoReturn:
+    """sys.exit(code), except in a rank of a torch.distributed job: that one flushes its
+    output and leaves at once (os._exit), without the interpreter's teardown.
+
+    After a peer died, gloo's C++ threads can still be alive when the interpreter is torn
+    down, and std::terminate then killed a rank that had already printed its one-line
+    error ("terminate called without an active exception", SIGABRT instead of exit 2; 3
+    of 64 runs of the DDP tests under load, docs/reliability.md item 12b). Nothing is
+    left unwritten: a run's checkpoints and train.jsonl are written and closed, and its
+    process group left, before its error gets here; the OS releases the run's lock."""
+    joined = sys.modules.get("nmt.distributed")  # never imported: no job was joined
+    if joined is not None and joined.joined_a_job():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken stream: nothing to flush
+                pass
+        os._exit(code)
     sys.exit(code)
 
 
@@ -262,17 +283,17 @@ def main(name: str, argv: list[str] | None = None) -> None:
 
         code = COMMANDS[name]().run(checked)
         if code:
-            sys.exit(code)
+            _exit(code)
     except NmtError as exc:
         if debug:
             raise
         _fail(prog, str(exc))
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        sys.exit(130)
+        _exit(130)
     except Terminated as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        sys.exit(128 + exc.signum)
+        _exit(128 + exc.signum)
     except BrokenPipeError:
         # `nmt-generate ... | head`: the reader went away; that is not an error.
         sys.stderr.close()

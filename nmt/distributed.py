@@ -77,16 +77,28 @@ _host_group: Any = None
 NCCL_TIMEOUT_MARGIN_S = 60.0
 
 
+# Whether this process has started joining a process group (see joined_a_job).
+_joined_a_job = False
+
+
+def joined_a_job() -> bool:
+    """Whether this process took part (or tried to) in a torch.distributed job: then the
+    backend's C++ threads may outlive the job, and the CLI leaves without the
+    interpreter's teardown after an error (nmt.cli)."""
+    return _joined_a_job
+
+
 def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> None:
     """NCCL on CUDA, gloo on CPU; MASTER_ADDR/MASTER_PORT come from torchrun. On CUDA a
     second, gloo group carries the host-side agreements (see all_reduce_host), with the
     timeout `timeout_s`; NCCL's is NCCL_TIMEOUT_MARGIN_S longer."""
-    global _host_group
+    global _host_group, _joined_a_job
     if not env.is_distributed or dist.is_initialized():
         return
     for key in ("MASTER_ADDR", "MASTER_PORT"):
         if key not in os.environ:
             raise NmtError(f"environment {key}: not set; start distributed runs with torchrun")
+    _joined_a_job = True  # a failed start may leave the backend's threads behind too
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
     group_timeout = timeout_s

@@ -268,12 +268,22 @@ def start_ranks_with_a_faulty_rank_1(
     ]
 
 
+TEARDOWN_MARK = "interpreter teardown ran"
+
+
 def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_path):
-    # os._exit: a crash with no cleanup and no goodbye to the other rank
+    """Rank 1 dies with os._exit: a crash with no cleanup and no goodbye. Rank 0 prints
+    one line and exits 2, and it leaves without the interpreter's teardown (its atexit
+    hook never runs): in that teardown gloo's threads, left by the dead peer, could call
+    std::terminate and turn exit 2 into SIGABRT (docs/reliability.md item 12b)."""
+    mark = f"import atexit, sys; atexit.register(print, {TEARDOWN_MARK!r}, file=sys.stderr)"
     with rendezvous_store() as port:
-        procs = start_ranks_with_a_faulty_rank_1(demo_data_dir, tmp_path, port, "os._exit(3)")
+        procs = start_ranks_with_a_faulty_rank_1(
+            demo_data_dir, tmp_path, port, "os._exit(3)", imports=mark
+        )
         outs = outputs_of(procs, timeout=120)
     assert procs[1].returncode == 3
     assert procs[0].returncode == 2, outs[0][1][-2000:]
     last = outs[0][1].strip().splitlines()[-1]
     assert last.startswith("nmt-train: error: rank 0/2: lost contact with the other ranks"), last
+    assert TEARDOWN_MARK not in outs[0][1]
