@@ -6,7 +6,8 @@ tokenizer training).
     .venv/bin/python -m benchmarks.generate          # random transformer_small, capped lengths
 
 Defaults follow the issue's benchmark: Multi30k test_2016_flickr.en (1,000 sentences),
-beam 5, batches of 64 sentences, 2 threads, fp32. Without --checkpoint a randomly
+beam 5, batches of 64 sentences, 2 threads, fp32, on the CPU (`--device cuda` for a GPU,
+set up as nmt-generate sets it up: runtime.setup). Without --checkpoint a randomly
 initialised transformer_small (configs/model/transformer_small.yaml) with a joint 8k
 SentencePiece model trained on Multi30k train is used. Such a model almost never emits
 EOS, so every sentence decodes to its length cap: --max-len-a/--max-len-b (default
@@ -72,8 +73,11 @@ def random_small(spm_cache: Path, seed: int = 1) -> Any:
     )
 
 
-def bench_translator(bundle: Any, search: Any, batch: int, precision: str = "fp32") -> Any:
-    """A Translator of the bundle's model on the CPU, as nmt-generate builds one."""
+def bench_translator(
+    bundle: Any, search: Any, batch: int, precision: str = "fp32", runtime: Any = None
+) -> Any:
+    """A Translator of the bundle's model, as nmt-generate builds one: on `runtime`'s
+    device (a runtime.Runtime; default the CPU)."""
     import torch
 
     from nmt.generation.translator import Translator
@@ -85,20 +89,24 @@ def bench_translator(bundle: Any, search: Any, batch: int, precision: str = "fp3
         bundle.src_tokenizer,
         bundle.tgt_tokenizer,
         search=search,
-        runtime=Runtime(torch.device("cpu"), precision),
+        runtime=runtime or Runtime(torch.device("cpu"), precision),
         nfkc=nfkc,
         max_sentences=batch,
     )
 
 
-def load_bundle(checkpoint: str | None, spm_cache: Path) -> Any:
+def load_bundle(checkpoint: str | None, spm_cache: Path, device: Any = None) -> Any:
+    """The checkpoint's InferenceBundle (or random_small's) on `device` (default: cpu)."""
     import torch
 
     from nmt.checkpoint import load_for_inference
 
+    device = device or torch.device("cpu")
     if checkpoint:
-        return load_for_inference(checkpoint, torch.device("cpu"))
-    return random_small(spm_cache)
+        return load_for_inference(checkpoint, device)
+    bundle = random_small(spm_cache)
+    bundle.model.to(device)
+    return bundle
 
 
 def source_ids(translator: Any, path: str | Path, limit: int = 0) -> list[Any]:
@@ -153,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=common.positive_int, default=5)
     p.add_argument("--batch", type=common.positive_int, default=64, help="sentences per batch")
     p.add_argument("--threads", type=common.positive_int, default=2)
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="fp16: CUDA")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument(
         "--max-len-a",
         type=float,
@@ -188,13 +197,27 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from nmt.errors import NmtError
     from nmt.generation.config import SearchConfig
     from nmt.generation.io import read_text_lines
+    from nmt.runtime import setup
 
     if args.checkpoint and not Path(args.checkpoint).is_file():
         raise common.BenchError(f"--checkpoint {args.checkpoint}: no such file")
+    try:  # as nmt-generate: exact fp32 (no TF32), cuDNN attention off on a GPU
+        runtime = setup(
+            args.device,
+            args.dtype,
+            threads=args.threads,
+            tf32=False,
+            inference=True,
+            device_key="--device",
+            precision_key="--dtype",
+        )
+    except NmtError as exc:
+        raise common.BenchError(str(exc)) from None
     torch.set_num_threads(args.threads)
-    bundle = load_bundle(args.checkpoint, args.spm_cache)
+    bundle = load_bundle(args.checkpoint, args.spm_cache, runtime.device)
     random_model = not args.checkpoint
     max_len_a = args.max_len_a if args.max_len_a is not None else (1.0 if random_model else 0.0)
     max_len_b = args.max_len_b if args.max_len_b is not None else (2 if random_model else 200)
@@ -203,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         search = SearchConfig(
             beam=args.beam, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache
         )
-        return bench_translator(bundle, search, args.batch, args.dtype)
+        return bench_translator(bundle, search, args.batch, runtime=runtime)
 
     cached = translator(True)
     sources = source_ids(cached, args.input, args.lines)
@@ -215,7 +238,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"model: {'random transformer_small' if random_model else args.checkpoint} "
         f"({params / 1e6:.1f}M parameters), {args.input} ({len(sources)} sentences), beam "
-        f"{args.beam}, batches of {args.batch}, {args.threads} threads, {args.dtype}, "
+        f"{args.beam}, batches of {args.batch}, {args.threads} threads, {args.dtype} on "
+        f"{runtime.device}, "
         f"max_len = {max_len_a} * src + {max_len_b}"
     )
     start = time.perf_counter()
@@ -251,6 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "beam": args.beam,
         "batch": args.batch,
         "dtype": args.dtype,
+        "device": str(runtime.device),
         "max_len": [max_len_a, max_len_b],
         "warmup_seconds": warmup_s,
         "cached": full,

@@ -182,6 +182,18 @@ def test_generate_cached_and_uncached_produce_the_same_tokens(tiny_checkpoint, t
     assert figures["reference_tokens_per_sentence"] > 1
 
 
+def test_generate_on_a_device_this_machine_lacks_says_so(tiny_checkpoint, capsys, monkeypatch):
+    from benchmarks import generate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en")]
+    assert (
+        common.main("generate", generate.build_parser, generate.run, [*argv, "--device", "cuda"])
+        == 2
+    )
+    assert "--device=cuda: no CUDA device is available" in capsys.readouterr().err
+
+
 def test_generate_paired_a_a_translates_alike(tiny_checkpoint, tmp_path):
     argv = ["--checkpoint", str(tiny_checkpoint), "--before", "HEAD", "--input"]
     argv += [str(DEMO / "test.en"), "--lines", "12", "--batch", "4", "--beam", "2"]
