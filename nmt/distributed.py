@@ -82,10 +82,12 @@ _joined_a_job = False
 
 
 def joined_a_job() -> bool:
-    """Whether this process took part (or tried to) in a torch.distributed job: then the
-    backend's C++ threads may outlive the job, and the CLI leaves without the
-    interpreter's teardown after an error (nmt.cli)."""
-    return _joined_a_job
+    """Whether this process is a rank of a torch.distributed job (torchrun's WORLD_SIZE
+    above 1) that took part, or tried to, in its process group: then the backend's C++
+    threads may outlive the job, and the CLI leaves without the interpreter's teardown
+    after an error (nmt.cli). A process that only simulated a job (a test calling
+    init_process_group with torch's calls replaced) is not one."""
+    return _joined_a_job and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
 
 
 def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> None:

@@ -140,6 +140,21 @@ def nmt_cli(capsys: pytest.CaptureFixture) -> Callable[..., tuple[int, str, str]
     return call
 
 
+@pytest.fixture(autouse=True)
+def no_distributed_job_leaks():
+    """nmt.distributed's record of a joined job as it was before the test: a test that
+    simulates a job in this process (test_gpu_path) must not make a later in-process CLI
+    error leave like a rank, with os._exit (nmt.cli._exit), which would end pytest."""
+    import sys
+
+    module = sys.modules.get("nmt.distributed")
+    before = getattr(module, "_joined_a_job", False)
+    yield
+    module = sys.modules.get("nmt.distributed")
+    if module is not None:
+        module._joined_a_job = before  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`gpu` tests are skipped, not failed, where CUDA is missing."""
     if not any("gpu" in item.keywords for item in items):
