@@ -1,16 +1,20 @@
-"""LibreTranslate's API, as its clients call it: POST /translate and GET /languages.
+"""LibreTranslate's API, as its clients call it: POST /translate, POST /detect, GET /languages.
 
     POST /translate  q (a string, or a list of strings), source (a code or "auto"), target,
                      format ("text"), alternatives (n), api_key; as a JSON body, or
                      form-encoded (application/x-www-form-urlencoded or multipart), or in the
                      query string
                   -> {"translatedText": str | [str]} (+ "alternatives", "detectedLanguage")
+    POST /detect     q (a string), api_key
+                  -> [{"confidence": 100.0, "language": code}]: the one source language served
     GET /languages -> [{"code", "name", "targets"}]
     errors        -> {"error": message}, status 400 (403 for the API key, 413 over a limit)
 
 Each line of a text is translated as one sentence and the lines are joined again, so
 paragraphs keep their shape. "auto" takes the one source language that translates into the
-target (this server detects no languages).
+target, and /detect answers the one source language the server translates from: this
+server has no language detector, so with several source languages both are a 400 asking
+for source=.
 """
 
 from __future__ import annotations
@@ -37,6 +41,18 @@ def router(service: Service) -> APIRouter:
     @routes.get("/languages")
     async def languages() -> JSONResponse:
         return JSONResponse(service.registry().languages())
+
+    @routes.post("/detect")
+    async def detect(request: Request) -> JSONResponse:
+        params = await _params(request)
+        service.check_key(_key(params))
+        q = params.get("q")
+        if not q:
+            raise bad_request("Invalid request: missing q parameter")
+        if not isinstance(q, str):
+            raise bad_request("q: must be a string")
+        source = service.registry().only_source()
+        return JSONResponse([{"confidence": 100.0, "language": source}])
 
     @routes.post("/translate")
     async def translate(request: Request) -> JSONResponse:

@@ -167,6 +167,17 @@ class ModelRegistry:
             f"source={source}, target={target}: this pair is not served; use one of {self.pairs()}"
         )
 
+    def only_source(self) -> str:
+        """LibreTranslate's /detect without a detector: the one language this server
+        translates from; with several, a 400 that asks for source= instead."""
+        sources = list(dict.fromkeys(m.source for m in self.models))
+        if len(sources) > 1:
+            raise bad_request(
+                f"q: this server translates from {', '.join(sources)} and does not detect "
+                "languages; give source= to /translate"
+            )
+        return sources[0]
+
     def pairs(self) -> str:
         return ", ".join(dict.fromkeys(f"{m.source}->{m.target}" for m in self.models))
 

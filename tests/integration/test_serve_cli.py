@@ -116,6 +116,7 @@ def test_an_unmodified_libretranslate_client(server, lines, offline):
     ]
     assert client.translate(lines[0], "en", "de") == offline[0]
     assert client.translate(lines[1], source="auto", target="de") == offline[1]
+    assert client.detect(lines[2]) == [{"confidence": 100.0, "language": "en"}]
 
 
 def test_the_api_key_with_a_libretranslate_client(checkpoint, lines, offline):

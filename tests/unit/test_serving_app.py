@@ -134,6 +134,40 @@ def test_libretranslate_auto_and_alternatives(client, checkpoint, translator, te
     assert many["alternatives"] == _distinct([t.text for t in six[1:]], six[0].text)[:5]
 
 
+def test_libretranslate_detect_names_the_one_source_language(client, texts):
+    # LibreTranslate's web page and clients ask /detect before a source=auto translation
+    answer = [{"confidence": 100.0, "language": "en"}]
+    assert client.post("/detect", json={"q": texts[0]}).json() == answer
+    assert client.post("/detect", data={"q": texts[0]}).json() == answer
+    _error(client.post("/detect", json={}), 400, "Invalid request: missing q parameter")
+    _error(client.post("/detect", json={"q": ["a", "b"]}), 400, "q: must be a string")
+
+
+def test_detect_with_several_source_languages_asks_for_source(checkpoint, texts):
+    cfg = _config(
+        None,
+        models=[
+            ModelSpec(name="en-de", checkpoint=str(checkpoint)),
+            ModelSpec(name="fr-de", checkpoint=str(checkpoint)),
+        ],
+    )
+    models = ModelRegistry.load(cfg)
+    models.models[1].translator.src_lang = "fr"  # stands for a French model: no detector can choose
+    try:
+        with TestClient(create_app(cfg, models=models)) as client:
+            _error(
+                client.post("/detect", json={"q": texts[0]}),
+                400,
+                "translates from en, fr and does not detect languages; give source=",
+            )
+            auto = {"q": texts[0], "source": "auto", "target": "de"}
+            _error(client.post("/translate", json=auto), 400, "give source=")
+            pair = {"q": texts[0], "source": "en", "target": "de"}
+            assert client.post("/translate", json=pair).is_success  # still serving
+    finally:
+        models.close(30)
+
+
 def _distinct(texts: list[str], best: str) -> list[str]:
     out: list[str] = []
     for t in texts:
@@ -368,6 +402,8 @@ def test_api_key(checkpoint, registry, texts):
     with TestClient(create_app(cfg, models=registry)) as client:
         _error(client.post("/translate", json={"q": "one", **pair}), 403, "api_key")
         _error(client.post("/translate", json={"q": "one", "api_key": "nope", **pair}), 403)
+        _error(client.post("/detect", json={"q": "one"}), 403, "api_key")
+        assert client.post("/detect", data={"q": "one", "api_key": "s3cret"}).is_success
         assert client.post("/translate", json={"q": "one", "api_key": "s3cret", **pair}).is_success
         assert client.post("/translate", data={"q": "one", "api_key": "s3cret", **pair}).is_success
         assert client.post("/translate", json={"q": "one", "apiKey": "s3cret", **pair}).is_success
