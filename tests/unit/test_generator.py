@@ -14,7 +14,7 @@ from torch import nn
 
 from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.generation.config import SearchConfig
-from nmt.generation.generator import SequenceGenerator
+from nmt.generation.generator import SequenceGenerator, _Member
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import EncoderOut, Transformer
 
@@ -369,3 +369,29 @@ def test_under_autocast_the_output_weights_are_cast_once_per_search(model):
     for a, b in zip(cached, uncached):
         assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
         assert [h.score for h in a] == [h.score for h in b]
+
+
+def test_bf16_logits_buffer_reused_across_steps_changes_nothing(model, monkeypatch):
+    """Under autocast each member casts its step's logits into one float32 buffer reused
+    at every step (rows shrink as sentences finish). The search finds bitwise the same
+    hypotheses as with a fresh float32 tensor a step, for one model and for an ensemble
+    (a buffer each), with sentences of different lengths finishing at different steps."""
+    src = _pad(_sources([3, 12, 7, 5], seed=8))
+    search = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=2)
+    twin = Transformer(model.cfg, 40, 40).eval()
+    torch.manual_seed(9)
+    for p in twin.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+
+    def run(models):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return SequenceGenerator(models, search).generate(src)
+
+    reused = [run([model]), run([model, twin])]
+    monkeypatch.setattr(_Member, "float_logits", lambda self, logits: logits.float())
+    fresh = [run([model]), run([model, twin])]
+    for got, want in zip(reused, fresh):
+        assert len({len(h[0].tokens) for h in got}) > 1  # sentences ended at different steps
+        for a, b in zip(got, want):
+            assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
+            assert [h.score for h in a] == [h.score for h in b]
