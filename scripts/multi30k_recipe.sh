@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Multi30k recipe, from raw text to a BLEU score with its sacrebleu signature:
-#   1. nmt-preprocess: joint 8k unigram SentencePiece, binarized train/valid/test_2016_flickr
+#   1. nmt-preprocess: joint unigram SentencePiece (VOCAB pieces, default 8k), binarized train/valid/test_2016_flickr
 #   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small at 192 dim, fairseq's standard
 #      recipe (configs/experiment/multi30k_*.yaml), stopped after max_time=1.0 hour
 #   3. nmt-average: average the last AVG numbered checkpoints (the final weights and the
@@ -27,6 +27,8 @@
 #              100 test sentences, output length capped near the source's
 #   AVG        checkpoints to average (default 3, chosen on val: docs/results.md)
 #   BEAM       beam size (default 5)      LENPEN  length penalty (default 1.6, chosen on val)
+#   VOCAB      joint SentencePiece vocabulary size (default 8000); a data dir already in WORK
+#              keeps the size it was built with, so give each size its own WORK
 #   PYTHON     the interpreter with nmt installed (default .venv/bin/python if present)
 # Re-running the same command reuses the data dir and resumes training from
 # checkpoint_last.pt (a finished run stops at once), so an interrupted recipe loses nothing.
@@ -37,6 +39,7 @@ source "$(dirname "$0")/multi30k_env.sh"  # DIRECTION -> SRC, TGT; RAW, PYTHON, 
 SMOKE=${SMOKE:-0}
 if [ "$SMOKE" = 1 ]; then WORK=${WORK:-work/multi30k_smoke}; else WORK=${WORK:-work/multi30k}; fi
 AVG=${AVG:-3}
+VOCAB=${VOCAB:-8000}
 BEAM=${BEAM:-5}
 # 1.6: on val it gained 0.6 BLEU de-en (42.1 -> 42.7) and 0.3 en-de (39.6 -> 39.9) over 1.0
 # with the 192-dim model (docs/results.md, "Length penalty")
@@ -59,12 +62,18 @@ mkdir -p "$WORK"
 
 # 1. Preprocess (skipped when the data dir is complete: meta.json is written last).
 if [ -f "$DATA/meta.json" ]; then
+  built=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["tgt_vocab_size"])' "$DATA/meta.json")
+  if [ "$built" != "$VOCAB" ]; then
+    echo "multi30k_recipe: error: $DATA was built with spm.vocab_size=$built, not VOCAB=$VOCAB;" \
+         "set WORK to another folder for this size" >&2
+    exit 2
+  fi
   say "data dir $DATA exists, reusing it"
 else
   say "preprocessing $RAW into $DATA"
   nmt preprocess data.src=$SRC data.tgt=$TGT data.trainpref="$RAW/train" \
     data.validpref="$RAW/val" "data.testpref=[$RAW/$TEST]" data.dest="$DATA" \
-    spm.joint=true spm.model_type=unigram spm.vocab_size=8000
+    spm.joint=true spm.model_type=unigram spm.vocab_size=$VOCAB
 fi
 
 # 2. Train. SMOKE keeps the recipe's model and optimizer, and only shortens the run.

@@ -130,3 +130,19 @@ def test_recipe_smoke_mode_runs_end_to_end(tmp_path):
         r"BLEU\|nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:\S+ = \d", proc.stdout
     ), proc.stdout
     assert "valid loss" in proc.stderr
+
+
+@pytest.mark.skipif(not (MULTI30K / "train.en").is_file(), reason="needs ../shared/data/multi30k")
+def test_recipe_refuses_a_data_dir_built_with_another_vocab_size(tmp_path):
+    # A data dir is reused when its meta.json exists; one built at another size must not be
+    # trained on silently under the new VOCAB's name.
+    data = tmp_path / "data-bin" / "en_de"
+    data.mkdir(parents=True)
+    (data / "meta.json").write_text('{"src_vocab_size": 8000, "tgt_vocab_size": 8000}')
+    env = {**os.environ, "VOCAB": "4000", "WORK": str(tmp_path), "RAW": str(MULTI30K)}
+    proc = subprocess.run(
+        ["bash", "scripts/multi30k_recipe.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert f"{data} was built with spm.vocab_size=8000, not VOCAB=4000" in proc.stderr
+    assert not (tmp_path / "runs").exists()
