@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Multi30k recipe, from raw text to a BLEU score with its sacrebleu signature:
-#   1. nmt-preprocess: joint unigram SentencePiece (VOCAB pieces, default 8k), binarized train/valid/test_2016_flickr
+#   1. nmt-preprocess: joint unigram SentencePiece (VOCAB pieces, default 8k), binarized
+#      train/valid/test_2016_flickr
 #   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small at 192 dim, fairseq's standard
 #      recipe (configs/experiment/multi30k_*.yaml), stopped after max_time=1.0 hour
 #   3. nmt-average: average the last AVG numbered checkpoints (the final weights and the
@@ -40,6 +41,9 @@ SMOKE=${SMOKE:-0}
 if [ "$SMOKE" = 1 ]; then WORK=${WORK:-work/multi30k_smoke}; else WORK=${WORK:-work/multi30k}; fi
 AVG=${AVG:-3}
 VOCAB=${VOCAB:-8000}
+case "$VOCAB" in
+  '' | *[!0-9]* | 0*) echo "multi30k_recipe: error: VOCAB=$VOCAB: give a positive whole number" >&2; exit 2 ;;
+esac
 BEAM=${BEAM:-5}
 # 1.6: on val it gained 0.6 BLEU de-en (42.1 -> 42.7) and 0.3 en-de (39.6 -> 39.9) over 1.0
 # with the 192-dim model (docs/results.md, "Length penalty")

@@ -146,3 +146,14 @@ def test_recipe_refuses_a_data_dir_built_with_another_vocab_size(tmp_path):
     assert proc.returncode == 2
     assert f"{data} was built with spm.vocab_size=8000, not VOCAB=4000" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("vocab", ["abc", "0", "-5", "8k"])
+def test_recipe_rejects_a_bad_vocab_size_in_one_line(tmp_path, vocab):
+    env = {**os.environ, "VOCAB": vocab, "WORK": str(tmp_path)}
+    proc = subprocess.run(
+        ["bash", "scripts/multi30k_recipe.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == f"multi30k_recipe: error: VOCAB={vocab}: give a positive whole number\n"
+    assert not any(tmp_path.iterdir())
