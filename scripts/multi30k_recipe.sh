@@ -12,6 +12,7 @@
 # usage (from the repository root):
 #   scripts/multi30k_recipe.sh                         # en-de, the full one-hour run
 #   DIRECTION=de-en scripts/multi30k_recipe.sh         # the other direction
+#   BOTH_WAYS=1 scripts/multi30k_recipe.sh             # one model for both directions, in one hour
 #   SMOKE=1 scripts/multi30k_recipe.sh                 # the whole pipeline in a few minutes
 #   scripts/multi30k_recipe.sh optim.lr=7e-4           # extra arguments go to nmt-train
 #
@@ -28,6 +29,10 @@
 #              100 test sentences, output length capped near the source's
 #   AVG        checkpoints to average (default 3, chosen on val: docs/results.md)
 #   BEAM       beam size (default 5)      LENPEN  length penalty (default 1.6, chosen on val)
+#   BOTH_WAYS  1: train one model on the pairs of both directions (each pair twice, once each
+#              way; the joint vocabulary and shared embeddings make that one model), validated
+#              on DIRECTION's val, and score it on test_2016_flickr both ways (default 0;
+#              docs/results.md, "Both directions in one model")
 #   VOCAB      joint SentencePiece vocabulary size (default 8000); a data dir already in WORK
 #              keeps the size it was built with, so give each size its own WORK
 #   PYTHON     the interpreter with nmt installed (default .venv/bin/python if present)
@@ -44,13 +49,20 @@ VOCAB=${VOCAB:-8000}
 case "$VOCAB" in
   '' | *[!0-9]* | 0*) echo "multi30k_recipe: error: VOCAB=$VOCAB: give a positive whole number" >&2; exit 2 ;;
 esac
+BOTH_WAYS=${BOTH_WAYS:-0}
+case "$BOTH_WAYS" in
+  0 | 1) ;;
+  *) echo "multi30k_recipe: error: BOTH_WAYS=$BOTH_WAYS: use 1 (both directions) or 0" >&2; exit 2 ;;
+esac
 BEAM=${BEAM:-5}
 # 1.6: on val it gained 0.6 BLEU de-en (42.1 -> 42.7) and 0.3 en-de (39.6 -> 39.9) over 1.0
 # with the 192-dim model (docs/results.md, "Length penalty")
 LENPEN=${LENPEN:-1.6}
 TEST=test_2016_flickr
-DATA="$WORK/data-bin/${SRC}_${TGT}"
-RUN="$WORK/runs/${SRC}_${TGT}"
+NAME=${SRC}_${TGT}  # en_de, or en_de_both for BOTH_WAYS
+if [ "$BOTH_WAYS" = 1 ]; then NAME=${NAME}_both; fi
+DATA="$WORK/data-bin/$NAME"
+RUN="$WORK/runs/$NAME"
 say() { echo "== multi30k_recipe [$DIRECTION$([ "$SMOKE" = 1 ] && echo ', SMOKE')]: $*" >&2; }
 
 for split in train val $TEST; do
@@ -74,8 +86,15 @@ if [ -f "$DATA/meta.json" ]; then
   fi
   say "data dir $DATA exists, reusing it"
 else
-  say "preprocessing $RAW into $DATA"
-  nmt preprocess data.src=$SRC data.tgt=$TGT data.trainpref="$RAW/train" \
+  TRAIN="$RAW/train"
+  if [ "$BOTH_WAYS" = 1 ]; then  # each pair once each way: train.$SRC holds both languages
+    TRAIN="$WORK/raw_both/train"
+    mkdir -p "$WORK/raw_both"
+    cat "$RAW/train.$SRC" "$RAW/train.$TGT" > "$TRAIN.$SRC"
+    cat "$RAW/train.$TGT" "$RAW/train.$SRC" > "$TRAIN.$TGT"
+  fi
+  say "preprocessing $TRAIN, $RAW/val and $RAW/$TEST into $DATA"
+  nmt preprocess data.src=$SRC data.tgt=$TGT data.trainpref="$TRAIN" \
     data.validpref="$RAW/val" "data.testpref=[$RAW/$TEST]" data.dest="$DATA" \
     spm.joint=true spm.model_type=unigram spm.vocab_size=$VOCAB
 fi
@@ -128,3 +147,13 @@ for line in open(sys.argv[1], encoding="utf-8"):
 PY
 say "BLEU of $HYP against $REF_FILE"
 nmt score hyp="$HYP" refs="$REF_FILE" metrics=[bleu]
+
+# 6. BOTH_WAYS: the same model translates the other way (its source is the reference above).
+if [ "$BOTH_WAYS" = 1 ]; then
+  BACK="$RUN/$TEST.hyp.$SRC"
+  say "translating $REF_FILE the other way ($TGT-$SRC) with the same model"
+  nmt generate checkpoint="$AVG_CKPT" input="$REF_FILE" output="$BACK" beam=$BEAM lenpen=$LENPEN \
+    device=cpu threads=2 progress=false ${GEN_ARGS[@]+"${GEN_ARGS[@]}"}
+  say "BLEU of $BACK against $SRC_FILE"
+  nmt score hyp="$BACK" refs="$SRC_FILE" metrics=[bleu]
+fi

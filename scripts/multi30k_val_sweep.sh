@@ -9,7 +9,8 @@
 #   AVGS="3 5 8" BEAMS="5" LENPENS="0.6 1.0 1.4" scripts/multi30k_val_sweep.sh
 #
 # Environment (all optional): DIRECTION, RAW, WORK, PYTHON as in multi30k_recipe.sh;
-#   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone)
+#   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone),
+#            or shares of the run's updates whose checkpoints to average ("0.4": the last 40%)
 #   BEAMS    beam sizes (default "5")      LENPENS  length penalties (default "1.0")
 # Every averaging is crossed with every beam and length penalty. Outputs go to
 # <run>/val_sweep/ (translations and averaged checkpoints; re-runs reuse the averages).
@@ -31,9 +32,13 @@ mkdir -p "$OUT"
 
 printf '%-10s %5s %7s %9s %8s\n' average beam lenpen "val BLEU" seconds
 for avg in $AVGS; do
+  case "$avg" in  # a whole number K: the newest K; a share such as 0.4: the last 40% of updates
+    *.*) pick="last_fraction=$avg" ;;
+    *) pick="num_last=$avg" ;;
+  esac
   ckpt="$OUT/avg_last$avg.pt"
   if [ ! -f "$ckpt" ]; then
-    nmt average inputs="$RUN" num_last="$avg" output="$ckpt" > "$ckpt.log" 2>&1 ||
+    nmt average inputs="$RUN" "$pick" output="$ckpt" > "$ckpt.log" 2>&1 ||
       { cat "$ckpt.log" >&2; exit 1; }
   fi
   for beam in $BEAMS; do

@@ -30,7 +30,12 @@ def average(cfg: AverageConfig) -> AverageResult:
     """nmt-average's work: select, average, write `output` atomically."""
     cfg.validate()
     paths = [Path(p) for p in cfg.input_paths()]
-    if cfg.num_last or cfg.num_best:
+    if cfg.last_fraction:
+        run_dir = paths[0]
+        inputs = select_last_fraction(run_dir, cfg.last_fraction)
+        kind = f"last{round(cfg.last_fraction * 100)}pct"
+        output = Path(cfg.output) if cfg.output else run_dir / f"checkpoint_avg_{kind}.pt"
+    elif cfg.num_last or cfg.num_best:
         run_dir = paths[0]
         inputs = select_checkpoints(run_dir, num_last=cfg.num_last, num_best=cfg.num_best)
         kind = f"last{cfg.num_last}" if cfg.num_last else f"best{cfg.num_best}"
@@ -40,7 +45,7 @@ def average(cfg: AverageConfig) -> AverageResult:
             if path.is_dir():
                 raise NmtError(
                     f"inputs={path}: a run dir; pick its checkpoints with num_last=K or "
-                    "num_best=K, or list checkpoint files"
+                    "num_best=K (or last_fraction=F), or list checkpoint files"
                 )
         inputs = paths
         output = Path(cfg.output) if cfg.output else paths[0].with_name("checkpoint_avg.pt")
@@ -78,6 +83,35 @@ def select_checkpoints(run_dir: Path, *, num_last: int = 0, num_best: int = 0) -
     if len(found) < want:
         raise NmtError(f"{run_dir}: asked for {want} but found {len(found)} {what}; ask for fewer")
     return found[:want]
+
+
+def select_last_fraction(run_dir: Path, fraction: float) -> list[Path]:
+    """The numbered checkpoints of `run_dir` from the last `fraction` of its updates
+    (update >= (1 - fraction) x the newest one's), newest first.
+
+    A window in shares of the run, unlike num_last, covers the same part of training
+    whether the run held 20 epochs or 50 (the recipe's hour on a slow or a fast machine).
+    Checkpoints that keep_last already deleted cannot be averaged: when the one before the
+    oldest kept would have been inside the window (judged from the spacing of the two
+    oldest), the window is incomplete, and that is an error rather than a quieter average.
+    """
+    if not run_dir.is_dir():
+        raise NmtError(f"{run_dir}: no such run dir; give the save_dir of a training run")
+    manager = CheckpointManager(run_dir, keep_last=-1, keep_best=0, metric="", maximize=False)
+    numbered = manager.numbered()  # [(update, path)], newest first
+    if not numbered:
+        raise NmtError(f"{run_dir}: found no {_NUMBERED}; train first, or list files to average")
+    start = (1 - fraction) * numbered[0][0]  # the first update inside the window
+    inside = [(u, p) for u, p in numbered if u >= start]
+    if len(inside) == len(numbered) >= 2:
+        oldest, spacing = numbered[-1][0], numbered[-2][0] - numbered[-1][0]
+        if oldest - spacing >= max(start, 1):
+            raise NmtError(
+                f"last_fraction={fraction}: the window starts at update {start:.0f}, but "
+                f"{run_dir}'s oldest numbered checkpoint is from update {oldest} (keep_last "
+                "deleted the ones before); train with a larger keep_last, or ask for less"
+            )
+    return [p for _, p in inside]
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:

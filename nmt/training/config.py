@@ -406,9 +406,11 @@ def _number(value: Any) -> str:
 class AverageConfig:
     """nmt-average: the mean of several checkpoints' weights (configs/average.yaml)."""
 
-    inputs: Any = None  # a run dir (with num_last or num_best), or a list of checkpoint files
+    inputs: Any = None  # a run dir (with num_last, num_best or last_fraction), or checkpoint files
     num_last: int = 0  # average the newest K numbered checkpoints of the run dir; 0 = off
     num_best: int = 0  # average the K best checkpoint.best_*.pt of the run dir; 0 = off
+    # average the numbered checkpoints of the run dir from the last F of its updates; 0 = off
+    last_fraction: float = 0.0
     output: Optional[str] = None  # null: <run dir>/checkpoint_avg_{last,best}<K>.pt, or
     #                               checkpoint_avg.pt beside the first of the listed files
     debug: bool = False  # full tracebacks instead of one-line errors
@@ -423,13 +425,20 @@ class AverageConfig:
             )
         for key in ("num_last", "num_best"):
             _at_least(key, getattr(self, key), 0, "use 0 for off")
-        if self.num_last and self.num_best:
+        if not 0 <= self.last_fraction <= 1:
             raise NmtError(
-                f"num_last={self.num_last}, num_best={self.num_best}: both set; choose the "
-                "newest (num_last) or the best (num_best) checkpoints"
+                f"{setting('last_fraction', self.last_fraction)}: must be within [0, 1] "
+                "(e.g. 0.4: the last 40% of the run's updates); use 0 for off"
             )
-        if (self.num_last or self.num_best) and len(paths) != 1:
-            key = "num_last" if self.num_last else "num_best"
+        chosen = [k for k in self.selections() if getattr(self, k)]
+        if len(chosen) > 1:
+            both = ", ".join(f"{k}={getattr(self, k)}" for k in chosen)
+            raise NmtError(
+                f"{both}: {'both' if len(chosen) == 2 else 'all'} set; choose the newest K "
+                "(num_last), the best K (num_best) or the last part of the run (last_fraction)"
+            )
+        if chosen and len(paths) != 1:
+            key = chosen[0]
             raise NmtError(
                 f"{setting(key, getattr(self, key))}: picks checkpoints of one run dir, but "
                 f"inputs lists {len(paths)} paths; give inputs=<run dir>, or drop {key} to "
@@ -437,6 +446,11 @@ class AverageConfig:
             )
         if self.output == "":
             raise NmtError("output='': empty; name the output file, or leave it null")
+
+    @staticmethod
+    def selections() -> tuple[str, ...]:
+        """The keys that pick checkpoints from a run dir (at most one may be set)."""
+        return ("num_last", "num_best", "last_fraction")
 
     def input_paths(self) -> list[str]:
         """`inputs` as a list of paths (one string is a list of one)."""

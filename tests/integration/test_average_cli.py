@@ -68,8 +68,9 @@ def test_cli_averages_listed_files(nmt_cli, run_dir, tmp_path):
         (["num_last=99"], ["asked for 99 but found 4", "ask for fewer"]),
         ([], ["a run dir; pick its checkpoints with num_last=K or num_best=K"]),
         (["num_lats=2"], ["num_lats"]),
+        (["last_fraction=2"], ["last_fraction=2", "must be within [0, 1]"]),
     ],
-    ids=["no-inputs", "both", "too-many", "run-dir-without-k", "unknown-key"],
+    ids=["no-inputs", "both", "too-many", "run-dir-without-k", "unknown-key", "fraction"],
 )
 def test_cli_errors_are_one_line_naming_the_key(nmt_cli, run_dir, tmp_path, args, needles):
     inputs = [] if "inputs=null" in needles else [f"inputs={run_dir}"]

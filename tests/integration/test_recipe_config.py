@@ -104,9 +104,11 @@ def test_experiment_yaml_is_commented_line_by_line(experiment):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (MULTI30K / "train.en").is_file(), reason="needs ../shared/data/multi30k")
-def test_recipe_smoke_mode_runs_end_to_end(tmp_path):
+@pytest.mark.parametrize("both_ways", ["0", "1"])
+def test_recipe_smoke_mode_runs_end_to_end(tmp_path, both_ways):
     env = {
         **os.environ,
+        "BOTH_WAYS": both_ways,
         "SMOKE": "1",
         "WORK": str(tmp_path),
         "RAW": str(MULTI30K),
@@ -121,15 +123,25 @@ def test_recipe_smoke_mode_runs_end_to_end(tmp_path):
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    run = tmp_path / "runs" / "en_de"
+    run = tmp_path / "runs" / ("en_de_both" if both_ways == "1" else "en_de")
     assert (run / "checkpoint_avg_last3.pt").is_file()
-    hyps = (run / "test_2016_flickr.hyp.de").read_text(encoding="utf-8").splitlines()
-    assert len(hyps) == 100
-    # nmt-score prints sacrebleu's line: cased, 13a, with its signature.
-    assert re.search(
+    directions = ["de", "en"] if both_ways == "1" else ["de"]  # BOTH_WAYS also translates de-en
+    for tgt in directions:
+        hyps = (run / f"test_2016_flickr.hyp.{tgt}").read_text(encoding="utf-8").splitlines()
+        assert len(hyps) == 100
+    # nmt-score prints sacrebleu's line: cased, 13a, with its signature (once per direction).
+    scores = re.findall(
         r"BLEU\|nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:\S+ = \d", proc.stdout
-    ), proc.stdout
+    )
+    assert len(scores) == len(directions), proc.stdout
     assert "valid loss" in proc.stderr
+    if both_ways == "1":  # trained on each pair once each way
+        train = tmp_path / "raw_both" / "train"
+        en, de = (MULTI30K / "train.en").read_bytes(), (MULTI30K / "train.de").read_bytes()
+        assert (Path(f"{train}.en").read_bytes(), Path(f"{train}.de").read_bytes()) == (
+            en + de,
+            de + en,
+        )
 
 
 @pytest.mark.skipif(not (MULTI30K / "train.en").is_file(), reason="needs ../shared/data/multi30k")
@@ -146,6 +158,19 @@ def test_recipe_refuses_a_data_dir_built_with_another_vocab_size(tmp_path):
     assert proc.returncode == 2
     assert f"{data} was built with spm.vocab_size=8000, not VOCAB=4000" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value", ["2", "yes", "true"])
+def test_recipe_rejects_a_bad_both_ways_in_one_line(tmp_path, value):
+    env = {**os.environ, "BOTH_WAYS": value, "WORK": str(tmp_path)}
+    proc = subprocess.run(
+        ["bash", "scripts/multi30k_recipe.sh"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"multi30k_recipe: error: BOTH_WAYS={value}: use 1 (both directions) or 0\n"
+    )
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("vocab", ["abc", "0", "-5", "8k"])

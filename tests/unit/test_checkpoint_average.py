@@ -13,7 +13,12 @@ from rounding import rounded_once
 
 from nmt.checkpoint import load_checkpoint, load_for_inference
 from nmt.errors import NmtError
-from nmt.training.averaging import average, average_checkpoints, select_checkpoints
+from nmt.training.averaging import (
+    average,
+    average_checkpoints,
+    select_checkpoints,
+    select_last_fraction,
+)
 from nmt.training.config import AverageConfig
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it.
@@ -70,6 +75,41 @@ def test_average_of_the_best_k_and_default_names(run_dir):
     assert all(rounded_once(avg[k], (one[k].double() + two[k].double()) / 2) for k in avg)
     last = average(AverageConfig(inputs=str(run_dir), num_last=2))
     assert last.output == run_dir / "checkpoint_avg_last2.pt"
+
+
+def test_last_fraction_takes_the_checkpoints_of_the_last_part_of_the_run(run_dir, tmp_path):
+    # updates 1-4: the last half starts at update 2 (4 x (1 - 0.5)), the last quarter at 3
+    half = average(AverageConfig(inputs=str(run_dir), last_fraction=0.5))
+    assert [p.name for p in half.inputs] == [f"checkpoint_1_{u}.pt" for u in (4, 3, 2)]
+    assert half.output == run_dir / "checkpoint_avg_last50pct.pt"
+    last3 = average(AverageConfig(inputs=str(run_dir), num_last=3, output=str(tmp_path / "3.pt")))
+    assert all(
+        torch.equal(v, load_checkpoint(last3.output)["model"][k])
+        for k, v in load_checkpoint(half.output)["model"].items()
+    )  # the same files, the same mean
+    assert [p.name for p in select_last_fraction(run_dir, 0.25)] == [
+        "checkpoint_1_4.pt",
+        "checkpoint_1_3.pt",
+    ]
+    assert len(select_last_fraction(run_dir, 1.0)) == 4
+
+
+def test_last_fraction_refuses_a_window_that_keep_last_cut(run_dir, tmp_path):
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for u in (3, 4):  # as keep_last=2 would have left it
+        (cut / f"checkpoint_1_{u}.pt").write_bytes((run_dir / f"checkpoint_1_{u}.pt").read_bytes())
+    assert len(select_last_fraction(cut, 0.25)) == 2  # starts at update 3: whole
+    for fraction in (0.5, 1.0):  # would start at update 2 or 0, deleted
+        with pytest.raises(NmtError) as info:
+            select_last_fraction(cut, fraction)
+        message = str(info.value)
+        assert message.startswith(f"last_fraction={fraction}: the window starts at update ")
+        assert "oldest numbered checkpoint is from update 3" in message and "keep_last" in message
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(NmtError, match="found no numbered checkpoints"):
+        select_last_fraction(empty, 0.5)
 
 
 def test_explicit_files_and_the_default_output(run_dir):
@@ -133,6 +173,16 @@ def test_checkpoints_of_different_models_are_refused(run_dir, demo_data_dir, tmp
         (
             AverageConfig(inputs="run", num_last=2, num_best=2),
             "num_last=2, num_best=2: both set; choose",
+        ),
+        (
+            AverageConfig(inputs="run", num_last=2, last_fraction=0.5),
+            "num_last=2, last_fraction=0.5: both set; choose",
+        ),
+        (AverageConfig(inputs="run", last_fraction=1.5), "last_fraction=1.5: must be within"),
+        (AverageConfig(inputs="run", last_fraction=-0.1), "last_fraction=-0.1: must be within"),
+        (
+            AverageConfig(inputs=["a.pt", "b.pt"], last_fraction=0.5),
+            "last_fraction=0.5: picks checkpoints of one run dir, but inputs lists 2 paths",
         ),
         (
             AverageConfig(inputs=["a.pt", "b.pt"], num_best=2),
