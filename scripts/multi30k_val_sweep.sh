@@ -7,8 +7,10 @@
 #   scripts/multi30k_val_sweep.sh                          # en-de run in work/multi30k
 #   DIRECTION=de-en scripts/multi30k_val_sweep.sh
 #   AVGS="3 5 8" BEAMS="5" LENPENS="0.6 1.0 1.4" scripts/multi30k_val_sweep.sh
+#   DIRECTION=de-en RUN=work/multi30k/runs/en_de_both scripts/multi30k_val_sweep.sh   # BOTH_WAYS
 #
 # Environment (all optional): DIRECTION, RAW, WORK, PYTHON as in multi30k_recipe.sh;
+#   RUN      the run dir (default $WORK/runs/<src>_<tgt>; a BOTH_WAYS run serves both directions)
 #   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone),
 #            or shares of the run's updates whose checkpoints to average ("0.4": the last 40%)
 #   BEAMS    beam sizes (default "5")      LENPENS  length penalties (default "1.0")
@@ -22,7 +24,7 @@ WORK=${WORK:-work/multi30k}
 AVGS=${AVGS:-3 5}
 BEAMS=${BEAMS:-5}
 LENPENS=${LENPENS:-1.0}
-RUN="$WORK/runs/${SRC}_${TGT}"
+RUN=${RUN:-$WORK/runs/${SRC}_${TGT}}
 if [ ! -f "$RUN/checkpoint_last.pt" ]; then
   echo "multi30k_val_sweep: error: $RUN/checkpoint_last.pt: missing; run scripts/multi30k_recipe.sh first" >&2
   exit 2
