@@ -8,16 +8,18 @@
 #      last epoch ends before them)
 #   4. nmt-generate: translate test_2016_flickr with beam BEAM, length penalty LENPEN
 #   5. nmt-score: sacrebleu BLEU, cased, detokenized, 13a, printed with its signature
+#   6. the same model translates and scores test_2016_flickr the other way (BOTH_WAYS)
 #
 # usage (from the repository root):
-#   scripts/multi30k_recipe.sh                         # en-de, the full one-hour run
-#   DIRECTION=de-en scripts/multi30k_recipe.sh         # the other direction
-#   BOTH_WAYS=1 scripts/multi30k_recipe.sh             # one model for both directions, in one hour
+#   scripts/multi30k_recipe.sh                         # the full one-hour run: one model for
+#                                                      # both directions, test BLEU en-de and de-en
+#   BOTH_WAYS=0 scripts/multi30k_recipe.sh             # an en-de model alone
+#   BOTH_WAYS=0 DIRECTION=de-en scripts/multi30k_recipe.sh   # a de-en model alone
 #   SMOKE=1 scripts/multi30k_recipe.sh                 # the whole pipeline in a few minutes
 #   scripts/multi30k_recipe.sh optim.lr=7e-4           # extra arguments go to nmt-train
 #
 # Environment (all optional):
-#   DIRECTION  en-de (default) or de-en
+#   DIRECTION  en-de (default) or de-en: the direction validated on and scored first
 #   RAW        folder with train.{en,de} val.{en,de} test_2016_flickr.{en,de}
 #              (default ../shared/data/multi30k); to fetch the public Multi30k task 1 files:
 #                mkdir -p multi30k && cd multi30k && for f in train val test_2016_flickr; do
@@ -29,10 +31,11 @@
 #              100 test sentences, output length capped near the source's
 #   AVG        checkpoints to average (default 3, chosen on val: docs/results.md)
 #   BEAM       beam size (default 5)      LENPEN  length penalty (default 1.6, chosen on val)
-#   BOTH_WAYS  1: train one model on the pairs of both directions (each pair twice, once each
-#              way; the joint vocabulary and shared embeddings make that one model), validated
-#              on DIRECTION's val, and score it on test_2016_flickr both ways (default 0;
-#              docs/results.md, "Both directions in one model")
+#   BOTH_WAYS  1 (default): train one model on the pairs of both directions (each pair twice,
+#              once each way; the joint vocabulary and shared embeddings make that one model),
+#              validated on DIRECTION's val, and score it on test_2016_flickr both ways; it won
+#              on val in both directions (docs/results.md, "Both directions in one model").
+#              0: a model for DIRECTION alone
 #   VOCAB      joint SentencePiece vocabulary size (default 8000); a data dir already in WORK
 #              keeps the size it was built with, so give each size its own WORK
 #   PYTHON     the interpreter with nmt installed (default .venv/bin/python if present)
@@ -49,7 +52,7 @@ VOCAB=${VOCAB:-8000}
 case "$VOCAB" in
   '' | *[!0-9]* | 0*) echo "multi30k_recipe: error: VOCAB=$VOCAB: give a positive whole number" >&2; exit 2 ;;
 esac
-BOTH_WAYS=${BOTH_WAYS:-0}
+BOTH_WAYS=${BOTH_WAYS:-1}
 case "$BOTH_WAYS" in
   0 | 1) ;;
   *) echo "multi30k_recipe: error: BOTH_WAYS=$BOTH_WAYS: use 1 (both directions) or 0" >&2; exit 2 ;;

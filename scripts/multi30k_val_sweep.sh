@@ -4,13 +4,15 @@
 # One line per choice: the choice, sacreBLEU on val, and the seconds its translation took.
 #
 # usage (from the repository root, after scripts/multi30k_recipe.sh):
-#   scripts/multi30k_val_sweep.sh                          # en-de run in work/multi30k
-#   DIRECTION=de-en scripts/multi30k_val_sweep.sh
+#   scripts/multi30k_val_sweep.sh                          # en-de, the recipe's run in work/multi30k
+#   DIRECTION=de-en scripts/multi30k_val_sweep.sh          # de-en, the same model (BOTH_WAYS)
 #   AVGS="3 5 8" BEAMS="5" LENPENS="0.6 1.0 1.4" scripts/multi30k_val_sweep.sh
-#   DIRECTION=de-en RUN=work/multi30k/runs/en_de_both scripts/multi30k_val_sweep.sh   # BOTH_WAYS
+#   BOTH_WAYS=0 DIRECTION=de-en scripts/multi30k_val_sweep.sh   # a one-direction run
 #
-# Environment (all optional): DIRECTION, RAW, WORK, PYTHON as in multi30k_recipe.sh;
-#   RUN      the run dir (default $WORK/runs/<src>_<tgt>; a BOTH_WAYS run serves both directions)
+# Environment (all optional): DIRECTION, RAW, WORK, BOTH_WAYS, PYTHON as in multi30k_recipe.sh;
+#   RUN      the run dir; default: with BOTH_WAYS=1 (the recipe's default) runs/<src>_<tgt>_both
+#            or, if only that exists, runs/<tgt>_<src>_both (one model serves both
+#            directions); with BOTH_WAYS=0, runs/<src>_<tgt>; all in $WORK
 #   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone),
 #            or shares of the run's updates whose checkpoints to average ("0.4": the last 40%)
 #   BEAMS    beam sizes (default "5")      LENPENS  length penalties (default "1.0")
@@ -24,11 +26,23 @@ WORK=${WORK:-work/multi30k}
 AVGS=${AVGS:-3 5}
 BEAMS=${BEAMS:-5}
 LENPENS=${LENPENS:-1.0}
-RUN=${RUN:-$WORK/runs/${SRC}_${TGT}}
+BOTH_WAYS=${BOTH_WAYS:-1}
+case "$BOTH_WAYS" in
+  0) CANDIDATES=("$WORK/runs/${SRC}_${TGT}") ;;
+  1) CANDIDATES=("$WORK/runs/${SRC}_${TGT}_both" "$WORK/runs/${TGT}_${SRC}_both") ;;
+  *) echo "multi30k_val_sweep: error: BOTH_WAYS=$BOTH_WAYS: use 1 (both directions) or 0" >&2; exit 2 ;;
+esac
+if [ -z "${RUN:-}" ]; then
+  RUN=${CANDIDATES[0]}
+  for dir in "${CANDIDATES[@]}"; do
+    if [ -f "$dir/checkpoint_last.pt" ]; then RUN=$dir; break; fi
+  done
+fi
 if [ ! -f "$RUN/checkpoint_last.pt" ]; then
   echo "multi30k_val_sweep: error: $RUN/checkpoint_last.pt: missing; run scripts/multi30k_recipe.sh first" >&2
   exit 2
 fi
+echo "== multi30k_val_sweep [$DIRECTION]: $RUN" >&2
 OUT="$RUN/val_sweep"
 mkdir -p "$OUT"
 
