@@ -16,6 +16,7 @@ shared state), tokenization is not.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import threading
@@ -122,7 +123,8 @@ class Translator:
         shortlist: Shortlist | None = None,
     ):
         """From already-built parts: models in eval mode on `runtime.device` (default:
-        the first model's device, fp32), sharing the target vocabulary. `nfkc`: the
+        the first model's device, fp32), sharing the target vocabulary; models with
+        bf16/fp16 weights run in them, without autocast. `nfkc`: the
         normalization the data dir applied (its meta.json / the checkpoint's data);
         `src_lang`/`tgt_lang`: the language codes of its data (None when unknown);
         `shortlist`: decode over each sentence's candidate target tokens only."""
@@ -132,7 +134,13 @@ class Translator:
         self.models = list(models)
         if not self.models:
             raise ValueError("Translator needs at least one model")
-        self.runtime = runtime or Runtime(next(self.models[0].parameters()).device)
+        first_weight = next(self.models[0].parameters())
+        self.runtime = runtime or Runtime(first_weight.device)
+        # Weights already in bf16/fp16 (Runtime.inference_weights_dtype) run as they are:
+        # autocast over them would only add fp32 casts around layer norms and softmaxes.
+        self._precision = (
+            self.runtime.autocast if first_weight.dtype == torch.float32 else contextlib.nullcontext
+        )
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.nfkc = nfkc
         self.max_tokens, self.max_sentences, self.overlong = max_tokens, max_sentences, overlong
@@ -255,6 +263,9 @@ class Translator:
         models = [b.model for b in bundles]
         if runtime.precision == "int8":  # int8 weights, quantized here once
             models = [quantize_int8(m) for m in models]
+        weights_dtype = runtime.inference_weights_dtype
+        if weights_dtype is not None:  # bf16/fp16 weights on a GPU, cast here once
+            models = [m.to(weights_dtype) for m in models]
         return cls(
             models,
             first.src_tokenizer,
@@ -399,7 +410,7 @@ class Translator:
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         out: list[list[Hypothesis]] = [[] for _ in rows]
         attn_layer = self.alignment_layer if alignment else None
-        with self._lock, self.runtime.autocast():
+        with self._lock, self._precision():
             for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
                 src = pad_batch([rows[i] for i in batch], self.device)  # [B,S]
                 prefix = None if forced is None else self._prefix_tensor(forced, batch)
@@ -422,7 +433,7 @@ class Translator:
         lengths = np.array([max(len(s), len(t)) for s, t in zip(src, tgt)], dtype=np.int64)
         out: dict[int, Hypothesis] = {}
         lenpen = self.search.lenpen
-        with self._lock, self.runtime.autocast():
+        with self._lock, self._precision():
             for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
                 idx = batch.tolist()
                 tensors = forced_batch([src[i] for i in idx], [tgt[i] for i in idx], self.device)

@@ -299,6 +299,38 @@ def test_precision_bf16_runs_on_the_cpu(checkpoint, texts):
     assert len(out) == len(texts) and all(math.isfinite(t[0].score) for t in out)
 
 
+def _autocast_during_decoding(translator: Translator, texts: list[str]) -> set[bool]:
+    """Whether CPU autocast was on at each decoder call of one translate()."""
+    seen: set[bool] = set()
+    hook = translator.models[0].decoder.register_forward_pre_hook(
+        lambda *_: seen.add(torch.is_autocast_enabled("cpu"))
+    )
+    try:
+        translator.translate(texts)
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_half_weights_run_as_they_are_and_fp32_weights_under_autocast(checkpoint, texts):
+    """Weights already cast to bf16 (as Translator.load does on CUDA) decode without
+    autocast, whose casts would only add kernels; fp32 weights with precision=bf16 decode
+    under it. Both give a finite best hypothesis for every source."""
+    bf16 = Translator.from_checkpoint(checkpoint, device="cpu", precision="bf16", **SEARCH)
+    assert _autocast_during_decoding(bf16, texts) == {True}
+    cast = Translator(
+        [m.to(torch.bfloat16) for m in Translator.from_checkpoint(checkpoint, device="cpu").models],
+        bf16.src_tokenizer,
+        bf16.tgt_tokenizer,
+        search=bf16.search,
+        runtime=bf16.runtime,
+    )
+    assert _autocast_during_decoding(cast, texts) == {False}
+    out = cast.translate_batch(texts, return_scores=True)
+    assert all(p.dtype == torch.bfloat16 for p in cast.models[0].parameters())
+    assert len(out) == len(texts) and all(math.isfinite(t[0].score) for t in out)
+
+
 def test_from_checkpoint_defaults_are_the_search_defaults():
     params = inspect.signature(Translator.from_checkpoint).parameters
     for f in fields(SearchConfig):
