@@ -315,7 +315,7 @@ def _autocast_during_decoding(translator: Translator, texts: list[str]) -> set[b
 def test_half_weights_run_as_they_are_and_fp32_weights_under_autocast(checkpoint, texts):
     """Weights already cast to bf16 (as Translator.load does on CUDA) decode without
     autocast, whose casts would only add kernels; fp32 weights with precision=bf16 decode
-    under it. Both give a finite best hypothesis for every source."""
+    under it. The cast weights give a finite best hypothesis for every source."""
     bf16 = Translator.from_checkpoint(checkpoint, device="cpu", precision="bf16", **SEARCH)
     assert _autocast_during_decoding(bf16, texts) == {True}
     cast = Translator(
