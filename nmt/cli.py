@@ -21,6 +21,7 @@ import difflib
 import os
 import re
 import sys
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -263,8 +264,27 @@ def to_dataclass(cfg: DictConfig, command: str = ""):
     return obj
 
 
+# libgomp, torch's CPU thread pool on Linux, lets an idle worker spin 300,000 times before it
+# sleeps. Beside another process on the same cores that spinning made a 100-line translation
+# take up to 8x its time alone; 10,000 spins kept the speed alone and the speed side by side
+# (docs/results.md, "OpenMP waiting in the console commands").
+OPENMP_SPIN_COUNT = "10000"
+
+
+def bound_openmp_spinning(
+    environ: MutableMapping[str, str] = os.environ, modules: Mapping[str, Any] = sys.modules
+) -> None:
+    """GOMP_SPINCOUNT=OPENMP_SPIN_COUNT, unless the user chose how OpenMP waits
+    (OMP_WAIT_POLICY or GOMP_SPINCOUNT set) or torch is loaded already: libgomp reads the
+    variable once, when torch loads it, so the console commands call this first."""
+    if "torch" in modules or environ.get("OMP_WAIT_POLICY") or environ.get("GOMP_SPINCOUNT"):
+        return
+    environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+
+
 def main(name: str, argv: list[str] | None = None) -> None:
     prog = f"nmt-{name.replace('_', '-')}"
+    bound_openmp_spinning()
     argv = sys.argv[1:] if argv is None else argv
     debug = any(a.lower() in ("debug=true", "debug=1", "+debug=true") for a in argv) or bool(
         os.environ.get("NMT_DEBUG")
