@@ -14,7 +14,9 @@
 #            or, if only that exists, runs/<tgt>_<src>_both (one model serves both
 #            directions); with BOTH_WAYS=0, runs/<src>_<tgt>; all in $WORK
 #   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone),
-#            or shares of the run's updates whose checkpoints to average ("0.4": the last 40%)
+#            or shares of the run's updates whose checkpoints to average ("0.4": the last 40%),
+#            or emaK: the moving averages of the weights (a run trained with ema_decay > 0)
+#            saved in the newest K checkpoints, averaged ("ema1": the final one alone)
 #   BEAMS    beam sizes (default "5")      LENPENS  length penalties (default "1.0")
 # Every averaging is crossed with every beam and length penalty. Outputs go to
 # <run>/val_sweep/ (translations and averaged checkpoints; re-runs reuse the averages).
@@ -49,12 +51,13 @@ mkdir -p "$OUT"
 printf '%-10s %5s %7s %9s %8s\n' average beam lenpen "val BLEU" seconds
 for avg in $AVGS; do
   case "$avg" in  # a whole number K: the newest K; a share such as 0.4: the last 40% of updates
-    *.*) pick="last_fraction=$avg" ;;
-    *) pick="num_last=$avg" ;;
+    ema*) pick=("num_last=${avg#ema}" weights=ema) ;;
+    *.*) pick=("last_fraction=$avg") ;;
+    *) pick=("num_last=$avg") ;;
   esac
   ckpt="$OUT/avg_last$avg.pt"
   if [ ! -f "$ckpt" ]; then
-    nmt average inputs="$RUN" "$pick" output="$ckpt" > "$ckpt.log" 2>&1 ||
+    nmt average inputs="$RUN" "${pick[@]}" output="$ckpt" > "$ckpt.log" 2>&1 ||
       { cat "$ckpt.log" >&2; exit 1; }
   fi
   for beam in $BEAMS; do

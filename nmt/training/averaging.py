@@ -1,6 +1,8 @@
 """Checkpoint averaging (nmt-average, fairseq's scripts/average_checkpoints.py): pick a run's
 newest or best checkpoints, or take listed files, and write one checkpoint whose weights are
-their mean. The result has no train_state: start a new run from it with finetune_from=.
+their mean: of the trained weights, or (weights=ema) of the moving averages a run with
+ema_decay > 0 keeps in its checkpoints. The result has no train_state: start a new run
+from it with finetune_from=.
 """
 
 from __future__ import annotations
@@ -30,16 +32,17 @@ def average(cfg: AverageConfig) -> AverageResult:
     """nmt-average's work: select, average, write `output` atomically."""
     cfg.validate()
     paths = [Path(p) for p in cfg.input_paths()]
+    suffix = "_ema" if cfg.weights == "ema" else ""
     if cfg.last_fraction:
         run_dir = paths[0]
         inputs = select_last_fraction(run_dir, cfg.last_fraction)
         kind = f"last{round(cfg.last_fraction * 100)}pct"
-        output = Path(cfg.output) if cfg.output else run_dir / f"checkpoint_avg_{kind}.pt"
+        output = Path(cfg.output or run_dir / f"checkpoint_avg_{kind}{suffix}.pt")
     elif cfg.num_last or cfg.num_best:
         run_dir = paths[0]
         inputs = select_checkpoints(run_dir, num_last=cfg.num_last, num_best=cfg.num_best)
         kind = f"last{cfg.num_last}" if cfg.num_last else f"best{cfg.num_best}"
-        output = Path(cfg.output) if cfg.output else run_dir / f"checkpoint_avg_{kind}.pt"
+        output = Path(cfg.output or run_dir / f"checkpoint_avg_{kind}{suffix}.pt")
     else:
         for path in paths:
             if path.is_dir():
@@ -48,12 +51,12 @@ def average(cfg: AverageConfig) -> AverageResult:
                     "num_best=K (or last_fraction=F), or list checkpoint files"
                 )
         inputs = paths
-        output = Path(cfg.output) if cfg.output else paths[0].with_name("checkpoint_avg.pt")
+        output = Path(cfg.output or paths[0].with_name(f"checkpoint_avg{suffix}.pt"))
     if any(output.resolve() == p.resolve() for p in inputs):
         raise NmtError(f"output={output}: is one of the inputs; write the average elsewhere")
     # a re-run replaces its own earlier average, never a training checkpoint or other file
     check_checkpoint_output(output, "output", "nmt-average", "averaged_from", overwrite=True)
-    save_checkpoint(average_checkpoints(inputs), output)
+    save_checkpoint(average_checkpoints(inputs, weights=cfg.weights), output)
     return AverageResult(inputs=inputs, output=output)
 
 
@@ -114,17 +117,19 @@ def select_last_fraction(run_dir: Path, fraction: float) -> list[Path]:
     return [p for _, p in inside]
 
 
-def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
-    """One checkpoint whose weights are the mean of `paths` (first = the newest/best).
+def average_checkpoints(paths: list[Path], weights: str = "model") -> dict[str, Any]:
+    """One checkpoint whose weights are the mean of `paths`' (first = the newest/best)
+    trained weights, or with weights="ema" of their moving averages of the weights.
 
     All inputs must share model config, vocabulary and tokenizers; the result keeps the
     first one's inference part, drops train_state (it resumes nothing) and has
-    config = {averaged_from: [paths], training_config: the first one's config}.
+    config = {averaged_from: [paths], weights, training_config: the first one's config}.
     """
     if not paths:
         raise NmtError("inputs=[]: no checkpoints to average; list one or more")
     first = load_checkpoint(paths[0])
-    sums = {k: v.double() for k, v in first["model"].items() if v.is_floating_point()}
+    first_weights = checkpoint_weights(first, paths[0], weights)
+    sums = {k: v.double() for k, v in first_weights.items() if v.is_floating_point()}
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
         for key in ("model_config", "data"):
@@ -138,16 +143,32 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
             raise NmtError(
                 f"{path}: its tokenizer differs from {paths[0]}'s; average checkpoints of one run"
             )
+        ckpt_weights = checkpoint_weights(ckpt, path, weights)
         for k in sums:
-            sums[k] += ckpt["model"][k].double()
-    model = dict(first["model"])
+            sums[k] += ckpt_weights[k].double()
+    model = dict(first_weights)
     for k, total in sums.items():
-        model[k] = (total / len(paths)).to(first["model"][k].dtype)
+        model[k] = (total / len(paths)).to(first_weights[k].dtype)
     averaged = {k: v for k, v in first.items() if k != "train_state"}
     averaged["model"] = model
     # As imported checkpoints do: `config` says where the weights came from.
     averaged["config"] = {
         "averaged_from": [str(p) for p in paths],
+        "weights": weights,
         "training_config": first.get("config"),
     }
     return averaged
+
+
+def checkpoint_weights(ckpt: dict[str, Any], path: Path, weights: str) -> dict[str, Any]:
+    """The state dict `weights` names in `ckpt`: its trained weights ("model"), or the
+    moving average a run with ema_decay > 0 saved in its train_state ("ema")."""
+    if weights == "model":
+        return ckpt["model"]
+    ema = (ckpt.get("train_state") or {}).get("ema")
+    if ema is None:
+        raise NmtError(
+            f"{path}: holds no moving average of its weights (weights=ema reads the "
+            "checkpoints of a run trained with ema_decay > 0); use weights=model"
+        )
+    return ema["weights"]

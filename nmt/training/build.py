@@ -22,6 +22,7 @@ from nmt.model.transformer import Transformer
 from nmt.training.checkpointing import BestTracker, CheckpointManager, seed_rank_stream
 from nmt.training.config import TrainConfig
 from nmt.training.data import load_train_data
+from nmt.training.ema import WeightEMA
 from nmt.training.logging import TrainLogger
 from nmt.training.meter import TrainMeter
 from nmt.training.optim import build_optimizer, build_scheduler
@@ -81,6 +82,7 @@ def _build(
         maximize=maximize,
     )
     progress = Progress()
+    ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     if env.is_distributed:  # every rank resumes, or none: save_dir must be shared
         distributed.check_shared(checkpoints.last_path, env)
     restored, copies_of_last = restore(
@@ -93,6 +95,7 @@ def _build(
         scaler=scaler,
         best=best,
         progress=progress,
+        ema=ema,
         rank=env.rank,
         device=rt.device,
     )
@@ -131,6 +134,7 @@ def _build(
         progress=progress,
         logger=logger,
         meter=TrainMeter(rt.device, rt.precision, report_kl=cfg.rdrop_alpha > 0),
+        ema=ema,
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
         copies_of_last=copies_of_last,
         run_lock=run_lock,

@@ -30,6 +30,7 @@ PRECISIONS = (
     "auto",
 )  # nmt.runtime.PRECISIONS (not imported: it needs torch)
 BEST_METRICS = ("loss", "nll", "bleu")
+AVERAGED_WEIGHTS = ("model", "ema")  # nmt-average weights=
 
 
 def setting(key: str, value: Any) -> str:
@@ -224,6 +225,10 @@ class TrainConfig:
     save_interval_updates: int = 0  # also save every N updates; 0 = only at epoch end
     keep_last: int = 5  # numbered checkpoints kept; -1 = all
     keep_best: int = 1  # checkpoint.best_<metric>_<value>.pt files kept; 0 = none
+    # an exponential moving average of the weights, updated after every update with this
+    # decay (nmt.training.ema), saved in each checkpoint's train_state and read by
+    # nmt-average weights=ema; 0 = off. 1 / (1 - decay) updates is its memory (0.999: ~1,000)
+    ema_decay: float = 0.0
     no_save: bool = False  # write no checkpoints at all (benchmarks)
     reset_optimizer: bool = False  # resume weights and counters, but a fresh optimizer
     reset_lr_scheduler: bool = False  # restart the lr schedule from its first step
@@ -299,6 +304,11 @@ class TrainConfig:
                 "use 0.1 (fairseq's) or 0 for plain cross-entropy"
             )
         self._validate_subword_sampling()
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise NmtError(
+                f"{setting('ema_decay', self.ema_decay)}: must be in [0, 1); use e.g. 0.999 "
+                "(an average over about the last 1,000 updates), or 0 for off"
+            )
         _at_least(
             "rdrop_alpha", self.rdrop_alpha, 0, "use e.g. 5 (the R-Drop paper's), or 0 for off"
         )
@@ -411,6 +421,9 @@ class AverageConfig:
     num_best: int = 0  # average the K best checkpoint.best_*.pt of the run dir; 0 = off
     # average the numbered checkpoints of the run dir from the last F of its updates; 0 = off
     last_fraction: float = 0.0
+    # which weights of each checkpoint: "model" (the trained weights) or "ema" (the moving
+    # average a run with ema_decay > 0 keeps in its checkpoints' train_state)
+    weights: str = "model"
     output: Optional[str] = None  # null: <run dir>/checkpoint_avg_{last,best}<K>.pt, or
     #                               checkpoint_avg.pt beside the first of the listed files
     debug: bool = False  # full tracebacks instead of one-line errors
@@ -446,6 +459,11 @@ class AverageConfig:
             )
         if self.output == "":
             raise NmtError("output='': empty; name the output file, or leave it null")
+        if self.weights not in AVERAGED_WEIGHTS:
+            raise NmtError(
+                f"{setting('weights', self.weights)}: use model (the trained weights) or ema "
+                "(their moving average, from a run trained with ema_decay > 0)"
+            )
 
     @staticmethod
     def selections() -> tuple[str, ...]:

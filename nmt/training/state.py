@@ -26,6 +26,7 @@ from nmt.training.checkpointing import (
 )
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
+from nmt.training.ema import WeightEMA
 from nmt.training.identity import check_checkpoint_data
 from nmt.training.optim import LRScheduler
 from nmt.training.scaler import LossScaler
@@ -55,6 +56,8 @@ def checkpoint(t: Trainer) -> dict[str, Any]:
         "world_size": t.env.world_size,
         "update_freq": cfg.update_freq,
     }
+    if t.ema is not None:
+        train_state["ema"] = t.ema.state_dict()
     return build_checkpoint(
         model_state=t.model.state_dict(),
         model_config=asdict(cfg.model),
@@ -106,12 +109,15 @@ def restore(
     scaler: LossScaler,
     best: BestTracker,
     progress: Progress,
+    ema: WeightEMA | None,
     rank: int,
     device: torch.device,
 ) -> tuple[str | None, list[str]]:
     """Resume from `last` (checkpoint_last.pt) when it exists, else start from
     finetune_from's weights when set. Returns a line for the log (None for a fresh run) and
-    the names `last`'s save copied it to (CheckpointManager.complete_copies)."""
+    the names `last`'s save copied it to (CheckpointManager.complete_copies). `ema`
+    continues its saved average, or starts from the weights loaded (a checkpoint without
+    one: ema_decay was 0 before)."""
     # Loaded to the CPU whatever the device: load_state_dict copies the weights (and the
     # optimizer its state) to the parameters' device, and RNG states must be CPU tensors.
     if last.exists():
@@ -133,6 +139,11 @@ def restore(
         load_train_state(
             train_state, cfg, optimizer, scheduler, scaler, best, progress, rank, device
         )
+        if ema is not None:
+            if "ema" in train_state:
+                ema.load_state_dict(train_state["ema"])
+            else:
+                ema.restart()
         line = (
             f"resumed from {last} at update {progress.num_updates} "
             f"(epoch {progress.epoch}, batch {progress.position})"
@@ -145,6 +156,8 @@ def restore(
             ckpt, path, "finetune with the same model and vocabulary", cfg, data, resuming=False
         )
         model.load_state_dict(ckpt["model"])
+        if ema is not None:
+            ema.restart()
         return f"starting from the weights of {path} (fresh optimizer and counters)", []
     return None, []
 

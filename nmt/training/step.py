@@ -107,6 +107,8 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
     t.optimizer.zero_grad(set_to_none=True)
     t.meter.tokens += total_tokens
     t.progress.num_updates += 1
+    if t.ema is not None:
+        t.ema.update()
     t.meter.add_update(gnorm, t.progress.num_updates)
     if t.device.type == "cpu":  # a sync is free on CPU: stop at the very update
         t.meter.check_finite()

@@ -26,6 +26,7 @@ from nmt.training import loop, state, step, validation
 from nmt.training.checkpointing import BestTracker, CheckpointManager
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
+from nmt.training.ema import WeightEMA
 from nmt.training.logging import TrainLogger
 from nmt.training.loop import TrainResult
 from nmt.training.meter import TrainMeter
@@ -61,6 +62,7 @@ class Trainer:
     progress: Progress
     logger: TrainLogger
     meter: TrainMeter
+    ema: WeightEMA | None = None  # the moving average of the weights (ema_decay > 0)
     oom_skips: int = 0  # updates dropped because a batch ran out of memory
     ooms_in_a_row: int = 0
     last_saved_update: int = -1  # num_updates of the latest checkpoint_last.pt

@@ -212,6 +212,7 @@ def test_a_checkpoint_restored_for_another_device_restores_the_rngs(demo_data_di
         scaler=fresh.scaler,
         best=BestTracker("loss", False),
         progress=progress,
+        ema=None,
         rank=0,
         device=META,
     )
