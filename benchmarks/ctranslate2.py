@@ -34,16 +34,23 @@ speed depends on shapes, not on weight values. Its output layer never chooses </
 every sentence is decoded to exactly --max-len-b tokens; nmt then runs one more step that
 forces </s>, CTranslate2 stops without it, and both are credited --max-len-b + 1 tokens.
 Without --shortlist the two shortlist engines are left out.
+
+nmt's int8 engines multiply on the GEMMs nmt.model.quantize.int8_gemm chooses (oneDNN's
+for the output layer on CPUs with VNNI, fbgemm's for the rest); "nmt int8 fbgemm" and
+"nmt int8+shortlist fbgemm" (in --engines) run every layer on fbgemm's, for a paired
+comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -55,6 +62,7 @@ from nmt.data.vocab import EOS
 from nmt.generation.config import SearchConfig
 from nmt.generation.io import Source, make_batches
 from nmt.generation.translator import Translator
+from nmt.model.quantize import GEMM_ENV
 
 NAME = "ctranslate2"
 
@@ -65,6 +73,8 @@ ENGINES = {
     "nmt fp16": ("nmt", "fp16", False),
     "nmt int8": ("nmt", "int8", False),
     "nmt int8+shortlist": ("nmt", "int8", True),
+    "nmt int8 fbgemm": ("nmt", "int8", False),
+    "nmt int8+shortlist fbgemm": ("nmt", "int8", True),
     "ctranslate2 float32": ("ctranslate2", "float32", False),
     "ctranslate2 float16": ("ctranslate2", "float16", False),
     "ctranslate2 int8": ("ctranslate2", "int8", False),
@@ -82,6 +92,10 @@ DEFAULT_ENGINES = {
     ),
     "cuda": ("nmt {precision}", "ctranslate2 float32", "ctranslate2 float16"),
 }
+NMT_INT8_GEMM = {  # nmt int8 engines on a named GEMM (the others: int8_gemm()'s choice)
+    "nmt int8 fbgemm": "fbgemm",
+    "nmt int8+shortlist fbgemm": "fbgemm",
+}
 ONLY_ON = {  # precisions and compute types that run on one device only
     "int8": "cpu",  # nmt's int8 is fbgemm's (x86 CPUs)
     "fp16": "cuda",
@@ -93,6 +107,8 @@ PEERS = {  # each nmt engine against its CTranslate2 counterpart: the first one 
     "nmt fp16": ("ctranslate2 float16",),
     "nmt int8": ("ctranslate2 int8",),
     "nmt int8+shortlist": ("ctranslate2 int8+vmap",),
+    "nmt int8 fbgemm": ("ctranslate2 int8",),
+    "nmt int8+shortlist fbgemm": ("ctranslate2 int8+vmap",),
 }
 
 Output = tuple[list[str], int]  # translations in input order, target tokens (</s> counted)
@@ -281,20 +297,24 @@ def nmt_engine(
     shortlist: Path | None,
     args: argparse.Namespace,
     batches: list[list[Source]],
+    int8_gemm: str | None = None,
 ) -> Run:
-    """nmt-generate's Translator with `precision` (and `shortlist`), one search per beam."""
+    """nmt-generate's Translator with `precision` (and `shortlist`), one search per beam;
+    `int8_gemm` names the GEMM of int8 layers (quantized at load) instead of nmt's choice."""
 
     def search(beam: int) -> SearchConfig:
         return SearchConfig(beam=beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
 
-    base = Translator.load(  # exact fp32 (no TF32) on a GPU, as nmt-generate
-        checkpoint,
-        search(args.beams[0]),
-        device=args.device,
-        precision=precision,
-        max_sentences=args.max_sentences,
-        shortlist=shortlist,
-    )
+    # (patch.dict restores the environment as it was)
+    with patch.dict(os.environ, {GEMM_ENV: int8_gemm} if int8_gemm else {}):
+        base = Translator.load(  # exact fp32 (no TF32) on a GPU, as nmt-generate
+            checkpoint,
+            search(args.beams[0]),
+            device=args.device,
+            precision=precision,
+            max_sentences=args.max_sentences,
+            shortlist=shortlist,
+        )
     translators = {beam: base.with_search(search(beam)) for beam in args.beams}
     total = sum(len(b) for b in batches)
 
@@ -435,7 +455,8 @@ def _engines(
         kind, precision, reduced = ENGINES[name]
         if kind == "nmt":
             shortlist = args.shortlist if reduced else None
-            engines[name] = nmt_engine(checkpoint, precision, shortlist, args, batches)
+            gemm = NMT_INT8_GEMM.get(name)
+            engines[name] = nmt_engine(checkpoint, precision, shortlist, args, batches, gemm)
             continue
         # float16 is a compute type of the float32 export (GPU); int8 an export of its own
         quantization = "int8" if precision == "int8" else "none"

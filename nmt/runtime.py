@@ -7,8 +7,9 @@ in every command:
                on CUDA casts the weights instead (Runtime.inference_weights_dtype)
                | auto (bf16 where the device computes it natively, else fp32; see
                native_bf16)
-               | int8 (inference only, CPU only: int8 weights and fbgemm's int8 kernels in
-               the linear layers, nmt.model.quantize; fp32 elsewhere)
+               | int8 (inference only, CPU only: int8 weights and torch's int8 kernels
+               (fbgemm's; oneDNN's for the output layer on CPUs with VNNI) in the
+               linear layers, nmt.model.quantize; fp32 elsewhere)
 Under torchrun each rank takes the GPU of its LOCAL_RANK: `device=cuda` and `device=auto`
 mean cuda:LOCAL_RANK, and a fixed `cuda:N` other than that is refused (ranks would share a
 GPU). A launcher that shows each process only its own GPU (CUDA_VISIBLE_DEVICES per rank,

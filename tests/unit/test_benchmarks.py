@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -352,6 +353,36 @@ def test_ctranslate2_pairs_six_engines_on_the_same_batches(
         assert setting["ratios"]["nmt int8"]["peer"] == "ctranslate2 int8"
     out = capsys.readouterr().out
     assert "| beam 2, 1 thread | sentences/s |" in out and "| nmt int8+shortlist |" in out
+
+
+def test_ctranslate2_runs_nmt_int8_on_the_gemm_an_engine_names(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """ "nmt int8 fbgemm" loads its model with NMT_INT8_GEMM=fbgemm, "nmt int8" with nmt's
+    own choice, and the environment is as it was afterwards."""
+    pytest.importorskip("ctranslate2")
+    from nmt.model.quantize import GEMM_ENV, Int8Linear, int8_gemm
+
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    built: list[str] = []
+    real_init = Int8Linear.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        built.append(self.gemm)
+
+    monkeypatch.setattr(Int8Linear, "__init__", spy)
+    argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en"), "--lines"]
+    argv += ["4", "--beams", "1", "--max-len-b", "3", "--turns", "1", "--threads", "1"]
+    argv += ["--engines", "nmt fp32", "nmt int8 fbgemm"]
+    figures = bench("ctranslate2", argv, tmp_path)
+    engines = figures["settings"][0]["engines"]
+    assert set(engines) == {"nmt fp32", "nmt int8 fbgemm"}
+    assert built and set(built) == {"fbgemm"}
+    assert GEMM_ENV not in os.environ
+    built.clear()
+    bench("ctranslate2", argv[:-2] + ["nmt int8"], tmp_path)
+    assert set(built) == {int8_gemm(), int8_gemm(output_layer=True)}
 
 
 def test_fairseq_generate_without_its_peer_says_what_to_run(tmp_path, capsys):
