@@ -101,7 +101,7 @@ class Int8Linear(nn.Module):
     weight_int8: Tensor  # [N,K] int8
     scale: Tensor  # [N] fp32
     bias: Tensor | None  # [N] fp32
-    anchor: Tensor  # [K]: 1, 0, ..., 0, -1
+    anchor: Tensor | None  # [K]: 1, 0, ..., 0, -1 (fbgemm); None (onednn)
 
     def __init__(
         self, weight_int8: Tensor, scale: Tensor, bias: Tensor | None, gemm: str | None = None
@@ -118,19 +118,20 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias)
         zeros = torch.zeros(self.out_features, dtype=torch.long)
         self._zero_points = zeros  # [N] the weights' (symmetric)
+        anchor = None  # fbgemm only: the row that fixes its range (_fbgemm)
         if self.gemm == "onednn":
             # oneDNN's blocked layout of the weights
             self._packed = torch.ops.onednn.qlinear_prepack(weight_int8, None)
         else:
+            anchor = torch.zeros(self.in_features)
+            anchor[0], anchor[-1] = 1.0, -1.0
 
             def pack() -> object:
                 q = torch._make_per_channel_quantized_tensor(weight_int8, scale.double(), zeros, 0)
                 return torch.ops.quantized.linear_prepack(q, None)
 
             self._packed = _quantized_call(pack)  # fbgemm's packed layout of the weights
-        anchor = torch.zeros(self.in_features)
-        anchor[0], anchor[-1] = 1.0, -1.0
-        self.register_buffer("anchor", anchor, persistent=False)  # [K]
+        self.register_buffer("anchor", anchor, persistent=False)  # [K] | None
 
     @classmethod
     def from_float(
@@ -181,6 +182,7 @@ class Int8Linear(nn.Module):
         m = flat.size(0)
         rows = flat.new_empty(m + 1, self.in_features)  # [M+1,K]: the rows, then the anchor
         torch.div(flat, magnitude, out=rows[:m])
+        assert self.anchor is not None
         rows[m].copy_(self.anchor)  # the range is [-1, 1], whatever the batch
         return torch.ops.quantized.linear_dynamic(rows, self._packed, REDUCE_RANGE)[:m]  # [M,N]
 

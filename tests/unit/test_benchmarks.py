@@ -9,6 +9,7 @@ import ast
 import importlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -383,6 +384,46 @@ def test_ctranslate2_runs_nmt_int8_on_the_gemm_an_engine_names(
     built.clear()
     bench("ctranslate2", argv[:-2] + ["nmt int8"], tmp_path)
     assert set(built) == {int8_gemm(), int8_gemm(output_layer=True)}
+
+
+def test_ctranslate2_time_breakdown_sorts_operators_by_what_they_compute():
+    from benchmarks.ctranslate2 import time_breakdown
+
+    operators = [
+        ("aten::addmm", 0.5, 10),
+        ("quantized::linear_dynamic", 0.25, 4),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", 0.125, 2),
+        ("aten::scaled_dot_product_attention", 0.0625, 2),  # the wrapper: dispatch only
+        ("aten::copy_", 0.0625, 7),
+    ]
+    parts = time_breakdown(operators, wall_seconds=1.25)
+    assert parts == {
+        "matrix products": 0.75,
+        "attention": 0.125,
+        "other operators": 0.125,
+        "Python, dispatch, profiler": 0.25,
+        "operator calls": 25.0,
+    }
+    # operators' self times beyond the wall (several threads): the rest is 0, not negative
+    assert time_breakdown(operators, wall_seconds=0.5)["Python, dispatch, profiler"] == 0.0
+
+
+def test_ctranslate2_profile_prints_where_each_nmt_engine_s_time_goes(
+    tiny_checkpoint, tmp_path, capsys
+):
+    pytest.importorskip("ctranslate2")
+    argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en"), "--lines"]
+    argv += ["4", "--beams", "1", "--max-len-b", "3", "--turns", "1", "--threads", "1"]
+    argv += ["--engines", "nmt fp32", "ctranslate2 float32", "--profile"]
+    bench("ctranslate2", argv, tmp_path)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("# nmt fp32: "))
+    parts = re.findall(r"([a-zA-Z ,]+) (\d+\.\d+) s \((\d+)%\)", line.split("profiler: ")[1])
+    assert [p[0].strip(" ,") for p in parts] == [
+        "matrix products", "attention", "other operators", "Python, dispatch, profiler"
+    ]  # fmt: skip
+    assert float(parts[0][1]) > 0  # the model's products ran under the profiler
+    assert "# where ctranslate2" not in out  # CTranslate2's own time is not torch's to profile
 
 
 def test_fairseq_generate_without_its_peer_says_what_to_run(tmp_path, capsys):
