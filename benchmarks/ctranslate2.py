@@ -593,7 +593,8 @@ def time_breakdown(
     (name, self CPU seconds, calls) and the run's wall time: the seconds of matrix
     products, of attention kernels, of every other operator, and the rest of the wall
     time (Python, operator dispatch, the profiler's own cost), with the operator calls.
-    At 1 thread the self times add up to at most the wall time."""
+    Self times are spans of the calling thread, so they add up to at most the wall time
+    (the rest is clamped at 0 against rounding)."""
     products = sum(t for name, t, _ in operators if name in MATRIX_PRODUCTS)
     attention = sum(t for name, t, _ in operators if name.startswith(ATTENTION_PREFIX))
     ops = sum(t for _, t, _ in operators)
@@ -617,7 +618,9 @@ def _profile(args: argparse.Namespace, names: Sequence[str], engines: dict[str, 
             engines[name](args.beams[0], args.threads[0])
             wall = time.perf_counter() - start
         averages = prof.key_averages()
-        print(f"# where {name}'s time goes (beam {args.beams[0]}, {args.threads[0]} threads)")
+        threads = args.threads[0]
+        plural = "" if threads == 1 else "s"
+        print(f"# where {name}'s time goes (beam {args.beams[0]}, {threads} thread{plural})")
         print(averages.table(sort_by="self_cpu_time_total", row_limit=15))
         operators = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in averages]
         parts = time_breakdown(operators, wall)

@@ -404,7 +404,7 @@ def test_ctranslate2_time_breakdown_sorts_operators_by_what_they_compute():
         "Python, dispatch, profiler": 0.25,
         "operator calls": 25.0,
     }
-    # operators' self times beyond the wall (several threads): the rest is 0, not negative
+    # self times a hair over the wall (the profiler's rounding): the rest is 0, not negative
     assert time_breakdown(operators, wall_seconds=0.5)["Python, dispatch, profiler"] == 0.0
 
 

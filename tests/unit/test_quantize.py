@@ -71,6 +71,7 @@ def test_int8_linear_is_within_its_rounding_of_the_fp32_layer(bias, gemm):
     x[5] = 0.0  # an all-zero row
     int8 = Int8Linear.from_linear(layer, gemm)
     assert int8.gemm == gemm
+    assert (int8.anchor is None) == (gemm == "onednn")  # fbgemm's range row, fbgemm's only
     with torch.no_grad():
         exact = layer(x.double().float())
         got = int8(x)
