@@ -104,6 +104,66 @@ def timed(sync: Callable[[], None] | None = None) -> Iterator[Timing]:
         t.faults = minor_faults() - faults
 
 
+# ---------------------------------------------------------------- profiles
+
+# Operators by what they compute, for a profile's breakdown (`time_breakdown`). Matrix
+# products: fp32/bf16 (MKL, oneDNN), fbgemm's and oneDNN's int8, and batched products (the
+# beams' self-attention; training's attention up to nmt.model.kernels.
+# MATRIX_ATTENTION_MAX_KEYS keys is two of them); attention: SDPA's CPU kernels.
+MATRIX_PRODUCTS = {
+    "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear",
+    "quantized::linear_dynamic", "onednn::qlinear_pointwise", "mkldnn::_linear_pointwise",
+}  # fmt: skip
+ATTENTION_PREFIX = "aten::_scaled_dot_product"  # _flash_attention_for_cpu, _efficient_..., ...
+
+
+def time_breakdown(
+    operators: Sequence[tuple[str, float, int]], wall_seconds: float
+) -> dict[str, float]:
+    """Where a profiled run's time went, from the profiler's per-operator totals
+    (name, self CPU seconds, calls) and the run's wall time: the seconds of matrix
+    products, of attention kernels, of every other operator, and the rest of the wall
+    time (Python, operator dispatch, the profiler's own cost), with the operator calls.
+    Self times are spans of the calling thread, so they add up to at most the wall time
+    (the rest is clamped at 0 against rounding)."""
+    products = sum(t for name, t, _ in operators if name in MATRIX_PRODUCTS)
+    attention = sum(t for name, t, _ in operators if name.startswith(ATTENTION_PREFIX))
+    ops = sum(t for _, t, _ in operators)
+    return {
+        "matrix products": products,
+        "attention": attention,
+        "other operators": ops - products - attention,
+        "Python, dispatch, profiler": max(wall_seconds - ops, 0.0),
+        "operator calls": float(sum(calls for *_, calls in operators)),
+    }
+
+
+def print_profile(title: str, label: str, work: Callable[[], None], rows: int = 15) -> dict:
+    """Run `work` under torch's CPU profiler; print `title`, its operators by self time
+    (`rows` of them) and one line `# {label}: ... wall under the profiler: <the parts of
+    time_breakdown, seconds and shares>; N operator calls`. Returns the breakdown, with
+    "wall" (seconds)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        work()
+        wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    print(f"# {title}")
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+    operators = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in averages]
+    parts = time_breakdown(operators, wall)
+    calls = parts["operator calls"]
+    shares = ", ".join(
+        f"{part} {t:.3f} s ({t / wall:.0%})"
+        for part, t in parts.items()
+        if part != "operator calls"
+    )
+    print(f"# {label}: {wall:.3f} s wall under the profiler: {shares}; {calls:.0f} operator calls")
+    return {**parts, "wall": wall}
+
+
 # ---------------------------------------------------------------- repeats
 
 

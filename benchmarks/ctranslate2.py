@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -576,58 +575,16 @@ def _setting(
     return figures
 
 
-# Operators by what they compute, for the profile's breakdown (`time_breakdown`). Matrix
-# products: fp32/bf16 (MKL, oneDNN), fbgemm's and oneDNN's int8, and the batched products of
-# the beams' self-attention; attention: SDPA's CPU kernels.
-MATRIX_PRODUCTS = {
-    "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear",
-    "quantized::linear_dynamic", "onednn::qlinear_pointwise", "mkldnn::_linear_pointwise",
-}  # fmt: skip
-ATTENTION_PREFIX = "aten::_scaled_dot_product"  # _flash_attention_for_cpu, _efficient_..., ...
-
-
-def time_breakdown(
-    operators: Sequence[tuple[str, float, int]], wall_seconds: float
-) -> dict[str, float]:
-    """Where a profiled run's time went, from the profiler's per-operator totals
-    (name, self CPU seconds, calls) and the run's wall time: the seconds of matrix
-    products, of attention kernels, of every other operator, and the rest of the wall
-    time (Python, operator dispatch, the profiler's own cost), with the operator calls.
-    Self times are spans of the calling thread, so they add up to at most the wall time
-    (the rest is clamped at 0 against rounding)."""
-    products = sum(t for name, t, _ in operators if name in MATRIX_PRODUCTS)
-    attention = sum(t for name, t, _ in operators if name.startswith(ATTENTION_PREFIX))
-    ops = sum(t for _, t, _ in operators)
-    return {
-        "matrix products": products,
-        "attention": attention,
-        "other operators": ops - products - attention,
-        "Python, dispatch, profiler": max(wall_seconds - ops, 0.0),
-        "operator calls": float(sum(calls for *_, calls in operators)),
-    }
-
-
 def _profile(args: argparse.Namespace, names: Sequence[str], engines: dict[str, Run]) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
+    beam, threads = args.beams[0], args.threads[0]
     for name in names:
         if ENGINES[name][0] != "nmt":
             continue
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            engines[name](args.beams[0], args.threads[0])
-            wall = time.perf_counter() - start
-        averages = prof.key_averages()
-        threads = args.threads[0]
         plural = "" if threads == 1 else "s"
-        print(f"# where {name}'s time goes (beam {args.beams[0]}, {threads} thread{plural})")
-        print(averages.table(sort_by="self_cpu_time_total", row_limit=15))
-        operators = [(e.key, e.self_cpu_time_total / 1e6, e.count) for e in averages]
-        parts = time_breakdown(operators, wall)
-        calls = parts.pop("operator calls")
-        shares = ", ".join(f"{part} {t:.3f} s ({t / wall:.0%})" for part, t in parts.items())
-        print(
-            f"# {name}: {wall:.3f} s wall under the profiler: {shares}; {calls:.0f} operator calls"
+        common.print_profile(
+            f"where {name}'s time goes (beam {beam}, {threads} thread{plural})",
+            name,
+            lambda name=name: engines[name](beam, threads),
         )
 
 

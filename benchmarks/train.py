@@ -13,6 +13,15 @@ The default shape is the one of ../shared/bench/fairseq_peer.sh (transformer_sma
 shared embeddings, no attention/activation dropout, Adam + inverse_sqrt, max_tokens 4096),
 for a paired comparison with fairseq on the same machine.
 
+`--profile` then runs one more interval of each precision under torch's profiler and
+prints its operators by self time and where the time went (common.time_breakdown: matrix
+products, attention kernels, other operators, Python and dispatch), e.g. the recipe's
+step (docs/results.md, "Training"):
+
+    .venv/bin/python -m benchmarks.train --data work/multi30k/data-bin/en_de_both \
+        --no-fairseq-shape --set +experiment=multi30k_en_de --max-tokens 2048 \
+        --precisions bf16 --updates 60 --warmup 20 --profile
+
     .venv/bin/python -m benchmarks.preprocess --keep work/bench/data-bin   # a data dir, once
     .venv/bin/python -m benchmarks.train --data work/bench/data-bin --threads 2
 
@@ -262,18 +271,22 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
         data, meta = first.data.train, first.data.meta
         params = model_params(first.cfg.model, meta.src_vocab_size, meta.tgt_vocab_size)
         batches = first.data.epoch_batches(1)
-        _check_epoch(batches, args.updates)
+        profiled = args.log_interval if args.profile else 0  # one more interval, profiled
+        _check_epoch(batches, args.updates + profiled)
         chunks = [
             batches[start : start + args.log_interval]
-            for start in range(0, args.updates, args.log_interval)
+            for start in range(0, args.updates + profiled, args.log_interval)
         ]
-        tokens = [int(sum(data.tgt_sizes[b].sum() for b in chunk)) for chunk in chunks]
+        timed_chunks = len(chunks) - (1 if profiled else 0)
+        tokens = [
+            int(sum(data.tgt_sizes[b].sum() for b in chunk)) for chunk in chunks[:timed_chunks]
+        ]
         flops = [
             params.training_flops(
                 float(sum(data.src_sizes[b].sum() for b in c)),
                 float(sum(data.tgt_sizes[b].sum() for b in c)),
             )
-            for c in chunks
+            for c in chunks[:timed_chunks]
         ]
 
         def contestant(i: int):
@@ -290,14 +303,24 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
             rates = ", ".join(
                 f"{p} {tokens[turn] / t.wall:,.0f}" for p, t in zip(precisions, timings)
             )
-            print(f"  interval {turn + 1}/{len(chunks)}: target tok/s {rates}", flush=True)
+            print(f"  interval {turn + 1}/{timed_chunks}: target tok/s {rates}", flush=True)
 
         timings = common.interleave(
             [contestant(i) for i in range(len(precisions))],
-            len(chunks),
+            timed_chunks,
             on_turn=progress,
             sync=device_sync(args.device),
         )
+        profiles = [
+            common.print_profile(
+                f"where a {p} training step's time goes ({args.log_interval} updates, "
+                f"{args.threads} threads)",
+                f"{p}, {args.log_interval} updates",
+                lambda i=i: contestant(i)(timed_chunks),
+            )
+            for i, p in enumerate(precisions)
+            if profiled
+        ]
         losses = [_losses(Path(tmp) / p) for p in precisions]
     skip = args.warmup // args.log_interval
     results: list[dict[str, Any]] = []
@@ -314,6 +337,7 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
                 "wall_s": sum(secs),
                 "wall_per_interval": secs,
                 "losses": losses[i],
+                **({"profile": profiles[i]} if profiles else {}),
             }
         )
     if len(precisions) > 1:
@@ -391,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the precisions one after the other through Trainer.run (default: in "
         "turns, one interval each, so that the machine's drift cannot skew their ratio)",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="then run one more interval of each precision under torch's profiler and print "
+        "where its time goes (CPU, interleaved mode)",
+    )
     return p
 
 
@@ -405,6 +435,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if len(set(args.precisions)) != len(args.precisions):
         raise common.BenchError(f"--precisions {' '.join(args.precisions)}: each at most once")
     cuda = args.device.startswith("cuda")
+    if args.profile and (cuda or not args.interleave):
+        raise common.BenchError(
+            "--profile: profiles the CPU's operators in the interleaved mode; drop it, or "
+            + ("--sequential" if not args.interleave else "use --device cpu")
+        )
     if cuda and not torch.cuda.is_available():
         raise common.BenchError(f"--device {args.device}: CUDA is not available; use cpu")
     if cuda and not args.interleave:

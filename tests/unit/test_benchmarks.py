@@ -145,12 +145,35 @@ def test_train_interleaved_keeps_each_precision_loss_curve_of_a_run_alone(demo_d
     assert alone["results"][0]["losses"] == fp32["losses"]
 
 
+def test_train_profile_prints_where_a_step_s_time_goes_after_the_timed_intervals(
+    demo_data_dir, tmp_path, capsys
+):
+    args = ["--data", str(demo_data_dir), *TINY_TRAIN, "--updates", "4", "--warmup", "2"]
+    args += ["--log-interval", "2", "--peak-seconds", "0", "--precisions", "fp32"]
+    plain = bench("train", args, tmp_path)["results"][0]
+    capsys.readouterr()
+    profiled = bench("train", [*args, "--profile"], tmp_path)["results"][0]
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("# fp32, 2 updates: "))
+    parts = re.findall(r"([a-zA-Z ,]+) (\d+\.\d+) s \((\d+)%\)", line.split("profiler: ")[1])
+    assert [p[0].strip(" ,") for p in parts] == [
+        "matrix products", "attention", "other operators", "Python, dispatch, profiler"
+    ]  # fmt: skip
+    profile = profiled["profile"]
+    assert profile["matrix products"] > 0 and profile["operator calls"] > 0
+    # the profiled interval is the next one: the timed ones, and their losses, are unchanged
+    assert profiled["intervals"] == plain["intervals"] == 1
+    assert profiled["losses"][:2] == plain["losses"]
+    assert [update for update, _ in profiled["losses"]] == [2, 4, 6]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--updates", "4", "--warmup", "3", "--log-interval", "2"], "--warmup 3: must be"),
         (["--updates", "100000"], "--updates 100000: the data dir's first epoch has only"),
         (["--precisions", "fp32", "fp32"], "each at most once"),
+        (["--profile", "--sequential"], "--profile: profiles the CPU's operators"),
     ],
 )
 def test_train_refuses_bad_arguments_in_one_line(demo_data_dir, argv, message, capsys):
@@ -387,7 +410,7 @@ def test_ctranslate2_runs_nmt_int8_on_the_gemm_an_engine_names(
 
 
 def test_ctranslate2_time_breakdown_sorts_operators_by_what_they_compute():
-    from benchmarks.ctranslate2 import time_breakdown
+    from benchmarks.common import time_breakdown
 
     operators = [
         ("aten::addmm", 0.5, 10),
