@@ -19,8 +19,8 @@ products, attention kernels, other operators, Python and dispatch), e.g. the rec
 step (docs/results.md, "Training"):
 
     .venv/bin/python -m benchmarks.train --data work/multi30k/data-bin/en_de_both \
-        --no-fairseq-shape --set +experiment=multi30k_en_de --max-tokens 2048 \
-        --precisions bf16 --updates 60 --warmup 20 --profile
+        --set model.embed_dim=192 --set model.ffn_dim=768 --set model.dropout=0.2 \
+        --max-tokens 2048 --precisions bf16 --updates 60 --warmup 20 --profile
 
     .venv/bin/python -m benchmarks.preprocess --keep work/bench/data-bin   # a data dir, once
     .venv/bin/python -m benchmarks.train --data work/bench/data-bin --threads 2
