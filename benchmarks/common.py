@@ -108,8 +108,8 @@ def timed(sync: Callable[[], None] | None = None) -> Iterator[Timing]:
 
 # Operators by what they compute, for a profile's breakdown (`time_breakdown`). Matrix
 # products: fp32/bf16 (MKL, oneDNN), fbgemm's and oneDNN's int8, and batched products (the
-# beams' self-attention; training's attention up to nmt.model.kernels.
-# MATRIX_ATTENTION_MAX_KEYS keys is two of them); attention: SDPA's CPU kernels.
+# beams' self-attention, and CPU training's attention up to nmt.model.kernels.
+# MATMUL_ATTENTION_MAX_KEYS keys, two products around a softmax); attention: SDPA's kernels.
 MATRIX_PRODUCTS = {
     "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_mkl_linear",
     "quantized::linear_dynamic", "onednn::qlinear_pointwise", "mkldnn::_linear_pointwise",

@@ -13,6 +13,9 @@ The default shape is the one of ../shared/bench/fairseq_peer.sh (transformer_sma
 shared embeddings, no attention/activation dropout, Adam + inverse_sqrt, max_tokens 4096),
 for a paired comparison with fairseq on the same machine.
 
+    .venv/bin/python -m benchmarks.preprocess --keep work/bench/data-bin   # a data dir, once
+    .venv/bin/python -m benchmarks.train --data work/bench/data-bin --threads 2
+
 `--profile` then runs one more interval of each precision under torch's profiler and
 prints its operators by self time and where the time went (common.time_breakdown: matrix
 products, attention kernels, other operators, Python and dispatch), e.g. the recipe's
@@ -21,9 +24,6 @@ step (docs/results.md, "Training"):
     .venv/bin/python -m benchmarks.train --data work/multi30k/data-bin/en_de_both \
         --set model.embed_dim=192 --set model.ffn_dim=768 --set model.dropout=0.2 \
         --max-tokens 2048 --precisions bf16 --updates 60 --warmup 20 --profile
-
-    .venv/bin/python -m benchmarks.preprocess --keep work/bench/data-bin   # a data dir, once
-    .venv/bin/python -m benchmarks.train --data work/bench/data-bin --threads 2
 
 Model FLOPs are the usual estimate (issue 20): 6 x (encoder parameters x source tokens
 + (decoder parameters + output projection parameters) x target tokens), forward and
@@ -437,8 +437,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cuda = args.device.startswith("cuda")
     if args.profile and (cuda or not args.interleave):
         raise common.BenchError(
-            "--profile: profiles the CPU's operators in the interleaved mode; drop it, or "
-            + ("--sequential" if not args.interleave else "use --device cpu")
+            "--profile: profiles the CPU's operators in the interleaved mode; "
+            + ("drop --sequential" if not args.interleave else "use --device cpu")
+            + " (or drop --profile)"
         )
     if cuda and not torch.cuda.is_available():
         raise common.BenchError(f"--device {args.device}: CUDA is not available; use cpu")
