@@ -38,7 +38,9 @@ Without --shortlist the two shortlist engines are left out.
 nmt's int8 engines multiply on the GEMMs nmt.model.quantize.int8_gemm chooses (oneDNN's
 for the output layer on CPUs with VNNI, fbgemm's for the rest); "nmt int8 fbgemm" and
 "nmt int8+shortlist fbgemm" (in --engines) run every layer on fbgemm's, for a paired
-comparison.
+comparison. nmt fp32 multiplies on the GEMM nmt.model.packed.fp32_gemm chooses (oneDNN's
+on non-Intel CPUs with AVX-512, torch's elsewhere); "nmt fp32 torch" and "nmt fp32 onednn"
+name one.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from nmt.data.vocab import EOS
 from nmt.generation.config import SearchConfig
 from nmt.generation.io import Source, make_batches
 from nmt.generation.translator import Translator
+from nmt.model.packed import FP32_GEMM_ENV
 from nmt.model.quantize import GEMM_ENV
 
 NAME = "ctranslate2"
@@ -69,6 +72,8 @@ NAME = "ctranslate2"
 # name -> (engine, nmt precision or CTranslate2 compute type, shortlist / vmap)
 ENGINES = {
     "nmt fp32": ("nmt", "fp32", False),
+    "nmt fp32 torch": ("nmt", "fp32", False),
+    "nmt fp32 onednn": ("nmt", "fp32", False),
     "nmt bf16": ("nmt", "bf16", False),
     "nmt fp16": ("nmt", "fp16", False),
     "nmt int8": ("nmt", "int8", False),
@@ -92,9 +97,11 @@ DEFAULT_ENGINES = {
     ),
     "cuda": ("nmt {precision}", "ctranslate2 float32", "ctranslate2 float16"),
 }
-NMT_INT8_GEMM = {  # nmt int8 engines on a named GEMM (the others: int8_gemm()'s choice)
-    "nmt int8 fbgemm": "fbgemm",
-    "nmt int8+shortlist fbgemm": "fbgemm",
+NMT_GEMM = {  # nmt engines on a named GEMM (the others: int8_gemm()'s or fp32_gemm()'s choice)
+    "nmt int8 fbgemm": (GEMM_ENV, "fbgemm"),
+    "nmt int8+shortlist fbgemm": (GEMM_ENV, "fbgemm"),
+    "nmt fp32 torch": (FP32_GEMM_ENV, "torch"),
+    "nmt fp32 onednn": (FP32_GEMM_ENV, "onednn"),
 }
 ONLY_ON = {  # precisions and compute types that run on one device only
     "int8": "cpu",  # nmt's int8 is fbgemm's (x86 CPUs)
@@ -103,6 +110,8 @@ ONLY_ON = {  # precisions and compute types that run on one device only
 }
 PEERS = {  # each nmt engine against its CTranslate2 counterpart: the first one run
     "nmt fp32": ("ctranslate2 float32",),
+    "nmt fp32 torch": ("ctranslate2 float32",),
+    "nmt fp32 onednn": ("ctranslate2 float32",),
     "nmt bf16": ("ctranslate2 float16", "ctranslate2 float32"),
     "nmt fp16": ("ctranslate2 float16",),
     "nmt int8": ("ctranslate2 int8",),
@@ -297,16 +306,17 @@ def nmt_engine(
     shortlist: Path | None,
     args: argparse.Namespace,
     batches: list[list[Source]],
-    int8_gemm: str | None = None,
+    gemm: tuple[str, str] | None = None,
 ) -> Run:
     """nmt-generate's Translator with `precision` (and `shortlist`), one search per beam;
-    `int8_gemm` names the GEMM of int8 layers (quantized at load) instead of nmt's choice."""
+    `gemm` (an environment variable and its value, NMT_GEMM's) names the GEMM of the
+    layers (int8 or packed fp32, made at load) instead of nmt's choice."""
 
     def search(beam: int) -> SearchConfig:
         return SearchConfig(beam=beam, lenpen=args.lenpen, max_len_a=0.0, max_len_b=args.max_len_b)
 
     # (patch.dict restores the environment as it was)
-    with patch.dict(os.environ, {GEMM_ENV: int8_gemm} if int8_gemm else {}):
+    with patch.dict(os.environ, dict([gemm]) if gemm else {}):
         base = Translator.load(  # exact fp32 (no TF32) on a GPU, as nmt-generate
             checkpoint,
             search(args.beams[0]),
@@ -455,7 +465,7 @@ def _engines(
         kind, precision, reduced = ENGINES[name]
         if kind == "nmt":
             shortlist = args.shortlist if reduced else None
-            gemm = NMT_INT8_GEMM.get(name)
+            gemm = NMT_GEMM.get(name)
             engines[name] = nmt_engine(checkpoint, precision, shortlist, args, batches, gemm)
             continue
         # float16 is a compute type of the float32 export (GPU); int8 an export of its own

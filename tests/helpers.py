@@ -58,6 +58,19 @@ def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
     return replace(base, **overrides)
 
 
+def cached_and_whole_decoding(model, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [B,5,V] decoded one step at a time on a cache, the same of the whole prefix
+    at once) of an eval model on random ids of its vocabulary (40 source, 50 target ids)."""
+    src = torch.randint(4, 40, (batch, 6))
+    prev = torch.randint(4, 50, (batch, 5))
+    with torch.no_grad():
+        enc = model.encode(src)
+        whole, _ = model.decode(prev, enc)
+        cache = model.new_cache()
+        steps = [model.decode(prev[:, t : t + 1], enc, cache)[0] for t in range(prev.size(1))]
+    return torch.cat(steps, 1), whole
+
+
 def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:
     """nmt-preprocess overrides that build `small_corpus` (tests/conftest.py) quickly into
     `dest`: train, valid and test, a 200-piece model without byte pieces, one worker."""

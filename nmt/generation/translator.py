@@ -42,6 +42,7 @@ from nmt.generation.encoding import (
 )
 from nmt.generation.forced import forced_batch, forced_log_probs
 from nmt.generation.generator import Hypothesis, SequenceGenerator
+from nmt.model.packed import pack_fp32
 from nmt.model.quantize import quantize_int8
 from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime, setup
@@ -263,6 +264,8 @@ class Translator:
         models = [b.model for b in bundles]
         if runtime.precision == "int8":  # int8 weights, quantized here once
             models = [quantize_int8(m) for m in models]
+        elif runtime.precision == "fp32" and runtime.device.type == "cpu":
+            models = [pack_fp32(m) for m in models]  # oneDNN's GEMM where it wins (fp32_gemm)
         weights_dtype = runtime.inference_weights_dtype
         if weights_dtype is not None:  # bf16/fp16 weights on a GPU, cast here once
             models = [m.to(weights_dtype) for m in models]

@@ -195,26 +195,25 @@ class FusedProjectionAttention(MultiheadAttention):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float, kernels: Kernels):
         super().__init__(embed_dim, num_heads, dropout, kernels)
         self._joint_cache: dict[str, tuple[tuple, Tensor, Tensor]] = {}
-        # int8 inference (nmt.model.quantize): the stacked projections as int8 layers
-        self._quantized: dict[str, Callable[[Tensor], Tensor]] = {}
+        # inference's own layers (nmt.model.swap): the stacked projections as int8 layers
+        # (quantize.py) or packed fp32 ones (packed.py); submodules, so that .to() and
+        # .double() reach them
+        self._replaced = nn.ModuleDict()
 
-    def quantize_fused_projections(
-        self, make: Callable[[Tensor, Tensor], Callable[[Tensor], Tensor]]
-    ) -> None:
+    def replace_fused_projections(self, make: Callable[[Tensor, Tensor], nn.Module]) -> None:
         """Compute the stacked projections with `make(weight, bias)` from now on (for
-        inference; nmt.model.quantize.quantize_int8 passes Int8Linear.from_float)."""
+        inference: nmt.model.swap.swap_linear_layers)."""
         projs = {"qkv": (self.q_proj, self.k_proj, self.v_proj), "kv": (self.k_proj, self.v_proj)}
         with torch.no_grad():
             for name, layers in projs.items():
                 weight = torch.cat([p.weight for p in layers])  # [n*D,D]
                 bias = torch.cat([p.bias for p in layers])  # [n*D]
-                self._quantized[name] = make(weight, bias)
+                self._replaced[name] = make(weight, bias)
 
     def _project(self, name: str, projs: tuple[nn.Linear, ...], x: Tensor) -> Tensor:
         """x [B,L,D] through the projections `projs` stacked: [B,L,n*D]."""
-        quantized = self._quantized.get(name)
-        if quantized is not None:
-            return quantized(x)
+        if name in self._replaced:
+            return self._replaced[name](x)
         return F.linear(x, *self._joint(name, projs))
 
     def _joint(self, name: str, projs: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:

@@ -33,7 +33,6 @@ How a layer computes y = x W^T + b:
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -43,8 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.errors import NmtError
 from nmt.model.kernels import FastKernels
+from nmt.model.packed import PackedLinear
+from nmt.model.swap import gemm_named_by, swap_linear_layers
 from nmt.runtime import check_precision, int8_engine
 
 WEIGHT_LEVELS = 127  # symmetric int8 weights: -127..127 times the channel's scale
@@ -72,17 +72,16 @@ def onednn_int8_available() -> bool:
 def int8_gemm(output_layer: bool = False) -> str:
     """The GEMM of a new Int8Linear: NMT_INT8_GEMM if set; else "onednn" for the output
     projection (`output_layer`) where it is available, "fbgemm" for everything else."""
-    chosen = os.environ.get(GEMM_ENV, "")
+    chosen = gemm_named_by(GEMM_ENV, INT8_GEMMS, "int8", _onednn_int8_missing)
     if not chosen:
         return "onednn" if output_layer and onednn_int8_available() else "fbgemm"
-    if chosen not in INT8_GEMMS:
-        raise NmtError(f"{GEMM_ENV}={chosen}: unknown int8 GEMM; use onednn or fbgemm")
-    if chosen == "onednn" and not onednn_int8_available():
-        raise NmtError(
-            f"{GEMM_ENV}=onednn: needs a CPU with VNNI (AVX512-VNNI or AMX), where its u8 x s8 "
-            "products cannot saturate; use fbgemm, or leave it unset to choose automatically"
-        )
     return chosen
+
+
+def _onednn_int8_missing() -> str:
+    if onednn_int8_available():
+        return ""
+    return "needs a CPU with VNNI (AVX512-VNNI or AMX), where its u8 x s8 products cannot saturate"
 
 
 def _quantized_call(fn: Callable[[], object]) -> object:
@@ -193,9 +192,9 @@ class Int8Linear(nn.Module):
 
 
 def linear_rows(layer: nn.Module, index: Tensor) -> Callable[[Tensor], Tensor]:
-    """`layer` (nn.Linear or Int8Linear) computing only its outputs `index` [N']: the
-    output projection over a shortlist of the vocabulary."""
-    if isinstance(layer, Int8Linear):
+    """`layer` (nn.Linear, Int8Linear or PackedLinear) computing only its outputs `index`
+    [N']: the output projection over a shortlist of the vocabulary."""
+    if isinstance(layer, (Int8Linear, PackedLinear)):
         return layer.rows(index)
     assert isinstance(layer, nn.Linear)
     weight = layer.weight.detach()[index]  # [N',K]
@@ -218,18 +217,12 @@ def quantize_int8(model: ModelT, gemm: str | None = None) -> ModelT:
     torch.backends.quantized.engine = engine
     output_gemm = gemm or int8_gemm(output_layer=True)  # (an NMT_INT8_GEMM error: here, once)
     gemm = gemm or int8_gemm()
-    output_layer = getattr(getattr(model, "decoder", None), "output_projection", None)
     kernels = getattr(model, "kernels", None)
     if isinstance(kernels, FastKernels):  # int8 rounding would amplify padding's 1e-7
         kernels.rows_alone = True
-    for module in list(model.modules()):
-        fuse = getattr(module, "quantize_fused_projections", None)
-        if fuse is not None:  # before its linear layers are replaced below
-            fuse(partial(Int8Linear.from_float, gemm=gemm))
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            # a layer of one input feature has no second column for the anchor row
-            if isinstance(child, nn.Linear) and child.in_features > 1:
-                layer_gemm = output_gemm if child is output_layer else gemm
-                setattr(module, name, Int8Linear.from_linear(child, layer_gemm))
+
+    def make(weight: Tensor, bias: Tensor | None, output_layer: bool) -> Int8Linear:
+        return Int8Linear.from_float(weight, bias, output_gemm if output_layer else gemm)
+
+    swap_linear_layers(model, make)
     return model.eval()

@@ -1,5 +1,6 @@
-"""precision=int8 and shortlist= through the commands, on a small model trained here on the
-demo corpus: BLEU on the demo's test split stays within BLEU_TOLERANCE of fp32's, int8
+"""precision=int8, shortlist= and fp32 on oneDNN's GEMM through the commands, on a small
+model trained here on the demo corpus: BLEU on the demo's test split stays within
+BLEU_TOLERANCE of fp32's on torch's GEMM, int8
 translations are deterministic and batch-independent, nmt-shortlist's file feeds both
 nmt-generate and nmt-export, and every bad option is one line with exit code 2.
 
@@ -25,6 +26,7 @@ import pytest
 from nmt import Translator
 from nmt.cli import main
 from nmt.model.config import ModelConfig
+from nmt.model.packed import FP32_GEMM_ENV, onednn_fp32_available
 from nmt.runtime import int8_engine
 from nmt.scoring import corpus_bleu
 from nmt.training.config import OptimConfig
@@ -103,6 +105,29 @@ def test_int8_and_the_shortlist_keep_the_demo_bleu(
         model, demo_data_dir, demo_corpus, tmp_path / "fp32sl.de", f"shortlist={shortlist}"
     )
     assert abs(fp32_shortlist - fp32) <= BLEU_TOLERANCE, (fp32, fp32_shortlist)
+
+
+def test_fp32_on_onednn_keeps_the_demo_bleu(
+    model, shortlist, demo_data_dir, demo_corpus, tmp_path, monkeypatch
+):
+    """nmt.model.packed: fp32 on oneDNN's GEMM (every call of every layer) against torch's
+    rounds differently, so a near-tie may flip, within BLEU_TOLERANCE; most translations
+    are the same, with the shortlist too."""
+    if not onednn_fp32_available():
+        pytest.skip("this torch has no oneDNN fp32 linear")
+    monkeypatch.setattr("nmt.model.packed.ONEDNN_MIN_MACS", 1)
+    outputs = {}
+    for gemm in ("torch", "onednn"):
+        monkeypatch.setenv(FP32_GEMM_ENV, gemm)
+        for options in ((), (f"shortlist={shortlist}",)):
+            out = tmp_path / f"{gemm}{len(options)}.de"
+            outputs[gemm, options] = _bleu(model, demo_data_dir, demo_corpus, out, *options)
+            outputs[gemm, options, "text"] = out.read_text(encoding="utf-8").splitlines()
+    for options in ((), (f"shortlist={shortlist}",)):
+        torch_bleu, onednn_bleu = outputs["torch", options], outputs["onednn", options]
+        assert torch_bleu > 30 and abs(onednn_bleu - torch_bleu) <= BLEU_TOLERANCE, options
+        pairs = zip(outputs["torch", options, "text"], outputs["onednn", options, "text"])
+        assert sum(a == b for a, b in pairs) >= 0.95 * 500, options
 
 
 @pytest.mark.parametrize("beam", [4, 1])

@@ -419,6 +419,35 @@ def test_ctranslate2_runs_nmt_int8_on_the_gemm_an_engine_names(
     assert set(built) == {int8_gemm(), int8_gemm(output_layer=True)}
 
 
+def test_ctranslate2_runs_nmt_fp32_on_the_gemm_an_engine_names(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """ "nmt fp32 onednn" packs its model's layers for oneDNN (NMT_FP32_GEMM=onednn), "nmt
+    fp32 torch" leaves them to F.linear, and the environment is as it was afterwards."""
+    pytest.importorskip("ctranslate2")
+    from nmt.model.packed import FP32_GEMM_ENV, PackedLinear, onednn_fp32_available
+
+    if not onednn_fp32_available():
+        pytest.skip("this torch has no oneDNN fp32 linear")
+    monkeypatch.delenv(FP32_GEMM_ENV, raising=False)
+    packed: list[int] = []
+    real_init = PackedLinear.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        packed.append(self.out_features)
+
+    monkeypatch.setattr(PackedLinear, "__init__", spy)
+    argv = ["--checkpoint", str(tiny_checkpoint), "--input", str(DEMO / "test.en"), "--lines"]
+    argv += ["4", "--beams", "1", "--max-len-b", "3", "--turns", "1", "--threads", "1"]
+    figures = bench("ctranslate2", [*argv, "--engines", "nmt fp32 torch"], tmp_path)
+    assert set(figures["settings"][0]["engines"]) == {"nmt fp32 torch"} and not packed
+    figures = bench("ctranslate2", [*argv, "--engines", "nmt fp32 onednn"], tmp_path)
+    assert set(figures["settings"][0]["engines"]) == {"nmt fp32 onednn"}
+    assert packed  # every linear layer, the output layer among them
+    assert FP32_GEMM_ENV not in os.environ
+
+
 def test_ctranslate2_time_breakdown_sorts_operators_by_what_they_compute():
     from benchmarks.common import time_breakdown
 

@@ -28,7 +28,7 @@ from nmt.model.quantize import (
 )
 from nmt.model.transformer import Transformer
 from nmt.runtime import check_precision, int8_engine
-from tests.helpers import NO_DROPOUT
+from tests.helpers import NO_DROPOUT, cached_and_whole_decoding
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -155,14 +155,8 @@ def test_fused_projections_equal_the_plain_layers_in_int8(gemm):
 @pytest.mark.parametrize("gemm", GEMMS)
 def test_incremental_decoding_equals_the_whole_prefix_in_int8(gemm):
     model = quantize_int8(_model(), gemm)
-    src = torch.randint(4, 40, (2, 6))
-    prev = torch.randint(4, 50, (2, 5))
-    with torch.no_grad():
-        enc = model.encode(src)
-        whole, _ = model.decode(prev, enc)
-        cache = model.new_cache()
-        steps = [model.decode(prev[:, t : t + 1], enc, cache)[0] for t in range(prev.size(1))]
-    assert torch.allclose(torch.cat(steps, 1), whole, atol=1e-5)
+    steps, whole = cached_and_whole_decoding(model)
+    assert torch.allclose(steps, whole, atol=1e-5)
 
 
 def test_int8_is_for_translation_on_the_cpu_only():

@@ -23,6 +23,7 @@ from nmt.data.vocab import EOS, PAD
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.model.config import ModelConfig
+from nmt.model.packed import FP32_GEMM_ENV, PackedLinear, onednn_fp32_available
 from nmt.model.transformer import Transformer
 from tests.helpers import run_training, tiny_config
 from tests.rounding import logprob_tolerance, sum_tolerance, text_logprob_tolerance
@@ -74,8 +75,16 @@ def test_translate_is_the_best_of_translate_batch(translator, texts):
             assert t.alignment is None
 
 
-def test_batch_composition_never_changes_a_translation(checkpoint, texts):
+@pytest.mark.parametrize("gemm", ["torch", "onednn"])
+def test_batch_composition_never_changes_a_translation(checkpoint, texts, gemm, monkeypatch):
+    """On torch's GEMM and on oneDNN's (nmt.model.packed), every call of every layer."""
+    if gemm == "onednn" and not onednn_fp32_available():
+        pytest.skip("this torch has no oneDNN fp32 linear")
+    monkeypatch.setenv(FP32_GEMM_ENV, gemm)
+    monkeypatch.setattr("nmt.model.packed.ONEDNN_MIN_MACS", 1)
     together = Translator.from_checkpoint(checkpoint, device="cpu", **SEARCH)
+    packed = any(isinstance(m, PackedLinear) for m in together.models[0].modules())
+    assert packed == (gemm == "onednn")
     want = together.translate_batch(texts, return_scores=True)
     tolerance = text_logprob_tolerance(together, texts, [per[0].text for per in want])
     shuffled = texts[::-1]

@@ -1,0 +1,168 @@
+"""fp32 inference on the CPU through oneDNN's GEMM, on weights packed once at load time.
+
+torch multiplies fp32 matrices with MKL, whose fast kernels check for an Intel CPU: on an
+AMD CPU with AVX-512 it runs its AVX2 ones, at half the width. oneDNN (the op torch.compile's
+CPU backend emits for a linear layer, torch.ops.mkldnn._linear_pointwise) uses AVX-512 on
+any vendor, and reads weights reordered once into its blocked layout. On a 2-vCPU Zen 5
+EPYC one thread multiplied 50 rows through a 192x768 layer 2.1x, and through an 8,000-word
+output layer 2.5x, as fast as F.linear (docs/results.md, "fp32 products on oneDNN").
+CTranslate2 chooses the same way: MKL on Intel CPUs, oneDNN elsewhere.
+
+oneDNN costs a few microseconds more per call, which MKL undercuts on the smallest
+products (a single row through a 192x192 layer): a PackedLinear sends a call of M rows
+to oneDNN when M*K*N reaches ONEDNN_MIN_MACS and to F.linear below. The two round
+differently (to fp32's ~1e-7), as any two GEMMs do; translations stay fp32 translations.
+
+`pack_fp32(model)` swaps every linear layer of a Transformer for a PackedLinear, in place,
+where `fp32_gemm()` says "onednn" (NMT_FP32_GEMM=onednn|torch overrides the choice).
+Training never sees these layers: they are inference only.
+
+Shapes: M rows (tokens), K input features, N output features.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.model.swap import gemm_named_by, swap_linear_layers
+
+FP32_GEMMS = ("onednn", "torch")
+FP32_GEMM_ENV = "NMT_FP32_GEMM"  # names the GEMM instead of the automatic choice (fp32_gemm)
+# Multiply-adds from which a call goes to oneDNN. On the Zen 5 EPYC oneDNN won from 16-32
+# rows of a 192x192 layer, 4-8 rows of 192x576 and 192x768, 1 row of 192x8000; this sends
+# a 192x192 layer there from 15 rows, 192x768 from 4, the output layer always.
+ONEDNN_MIN_MACS = 1 << 19
+
+
+@cache
+def onednn_fp32_available() -> bool:
+    """Whether this torch has oneDNN's fp32 linear op with packed weights, and it runs."""
+    ops = torch.ops.mkldnn
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if not (hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")):
+        return False
+    try:  # a build may register the op without the kernels for this CPU
+        weight = torch.ones(3, 2)
+        out = ops._linear_pointwise(
+            torch.ones(1, 2), ops._reorder_linear_weight(weight, None), None, "none", [], ""
+        )
+    except RuntimeError:
+        return False
+    return bool(torch.equal(out, torch.full((1, 3), 2.0)))
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string (GenuineIntel, AuthenticAMD, ...), "" where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def fp32_gemm() -> str:
+    """The GEMM of fp32 CPU inference: NMT_FP32_GEMM if set; else "onednn" on a non-Intel
+    x86 CPU with AVX-512 (where MKL runs its AVX2 kernels), "torch" (F.linear) elsewhere."""
+    chosen = gemm_named_by(FP32_GEMM_ENV, FP32_GEMMS, "fp32", _onednn_fp32_missing)
+    if chosen:
+        return chosen
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    vendor = cpu_vendor()
+    if avx512 and vendor and vendor != "GenuineIntel" and onednn_fp32_available():
+        return "onednn"
+    return "torch"
+
+
+def _onednn_fp32_missing() -> str:
+    return "" if onednn_fp32_available() else "this build of torch has no oneDNN fp32 linear op"
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear whose weights oneDNN holds packed (see the module
+    docstring): y = x W^T + b in fp32, on oneDNN from ONEDNN_MIN_MACS multiply-adds."""
+
+    weight: Tensor  # [N,K] fp32, for F.linear's calls and rows()
+    bias: Tensor | None  # [N] fp32
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        """weight [N,K] fp32 (shared, not copied), bias [N] fp32 or None."""
+        super().__init__()
+        if weight.dtype != torch.float32 or weight.device.type != "cpu":
+            raise ValueError(
+                f"PackedLinear takes fp32 CPU weights, not {weight.dtype} on {weight.device}"
+            )
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.detach())
+        self.register_buffer("bias", None if bias is None else bias.detach())
+        self._packed: Tensor | None = None  # the weights in oneDNN's layout
+        self._pack()
+        # the fewest rows that oneDNN takes
+        self.min_onednn_rows = -(-ONEDNN_MIN_MACS // (self.in_features * self.out_features))
+
+    def _pack(self) -> None:
+        """(Re)pack the weights for oneDNN; None where they are not fp32 on the CPU (after
+        .double() or .to(device): F.linear then computes every call)."""
+        weight = self.weight
+        usable = weight.dtype == torch.float32 and weight.device.type == "cpu"
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if usable else None
+
+    def _apply(self, fn, recurse=True):  # .to(), .double(), ...: the buffers changed
+        super()._apply(fn, recurse)
+        self._pack()
+        return self
+
+    def __getstate__(self) -> dict:  # copy.deepcopy, pickle: oneDNN's tensor has no storage
+        return {**self.__dict__, "_packed": None}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._pack()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
+        return cls(linear.weight, linear.bias)
+
+    def rows(self, index: Tensor) -> PackedLinear:
+        """The layer computing only outputs `index` [N'] (a vocabulary shortlist)."""
+        bias = None if self.bias is None else self.bias[index]
+        return PackedLinear(self.weight[index], bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [...,K] fp32 -> [...,N] fp32."""
+        flat = x.reshape(-1, self.in_features)  # [M,K]
+        packed = self._packed
+        small = flat.size(0) < self.min_onednn_rows
+        if packed is None or small or x.dtype != torch.float32 or x.requires_grad:
+            out = F.linear(flat, self.weight, self.bias)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(
+                flat.contiguous(), packed, self.bias, "none", [], ""
+            )  # [M,N]
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp32 (onednn)"
+
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+def pack_fp32(model: ModelT, gemm: str | None = None) -> ModelT:
+    """Every nn.Linear of `model` (fp32, on the CPU, for inference) becomes a PackedLinear,
+    in place, when `gemm` (default: fp32_gemm()) is "onednn"; with "torch" the model is
+    left as it is. Returns the model, in eval mode."""
+    gemm = gemm or fp32_gemm()
+    if gemm not in FP32_GEMMS:
+        raise ValueError(f"gemm={gemm!r}: use one of {FP32_GEMMS}")
+    if gemm == "onednn":
+        swap_linear_layers(model, lambda weight, bias, output_layer: PackedLinear(weight, bias))
+    return model.eval()
