@@ -213,15 +213,48 @@ def check_known_keys(cfg: DictConfig, command: str) -> None:
     )
 
 
+def rewrite_deprecated(name: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(overrides with each deprecated key renamed, one note per rename).
+
+    `old=value` (also `+old=`, `++old=`, `~old`) becomes `new=value`, and the note says so
+    and names the release that drops the old name (nmt.config.DEPRECATED_KEYS)."""
+    from nmt.config import DEPRECATED_KEYS
+
+    aliases = DEPRECATED_KEYS.get(name, {})
+    rewritten: list[str] = []
+    notes: list[str] = []
+    for override in overrides:
+        match = re.match(r"^(~|\+{0,2})([^=@]+)(.*)$", override, re.DOTALL)
+        key = match.group(2) if match else ""
+        if key in aliases:
+            new, removal = aliases[key]
+            override = f"{match.group(1)}{new}{match.group(3)}"  # type: ignore[union-attr]
+            notes.append(f"{key}= is deprecated, renamed to {new}= (removed in {removal})")
+        rewritten.append(override)
+    return rewritten, notes
+
+
 def compose_config(
-    name: str, overrides: list[str], user_dir: str | None = None, config_name: str | None = None
+    name: str,
+    overrides: list[str],
+    user_dir: str | None = None,
+    config_name: str | None = None,
+    notes: list[str] | None = None,
 ) -> DictConfig:
-    """Compose and validate `configs/<name>.yaml` with overrides (also used by tests)."""
+    """Compose and validate `configs/<name>.yaml` with overrides (also used by tests).
+
+    Deprecated keys are renamed first; their notes go to `notes`, or to stderr."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from nmt.config import COMMANDS, register
 
+    overrides, renamed = rewrite_deprecated(name, overrides)
+    if notes is not None:
+        notes.extend(renamed)
+    else:
+        for note in renamed:
+            print(f"nmt-{name.replace('_', '-')}: note: {note}", file=sys.stderr)
     check_override_syntax(overrides)
     spec = COMMANDS[name]()
     register(spec)

@@ -99,6 +99,12 @@ RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
+# Keys that still work under their old name for one more release, per command:
+# old -> (new, the version that removes the old name). The CLI rewrites `old=value` on the
+# command line to `new=value` and prints a one-line note; CHANGELOG.md lists each one.
+# (A renamed key that no longer works belongs in RENAMED_KEYS.)
+DEPRECATED_KEYS: dict[str, dict[str, tuple[str, str]]] = {}
+
 COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "preprocess": _preprocess,
     "train": _train,

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, setting
 from nmt.model.config import ModelConfig
 
 SCHEDULERS = ("inverse_sqrt", "cosine", "fixed")
@@ -31,21 +31,6 @@ PRECISIONS = (
 )  # nmt.runtime.PRECISIONS (not imported: it needs torch)
 BEST_METRICS = ("loss", "nll", "bleu")
 AVERAGED_WEIGHTS = ("model", "ema")  # nmt-average weights=
-
-
-def setting(key: str, value: Any) -> str:
-    """`key=value` as it is written on the command line (the start of every message)."""
-    if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = str(value).lower()
-    elif isinstance(value, str):
-        text = value if value else "''"
-    elif isinstance(value, (list, tuple)):
-        text = "[" + ",".join(str(v) for v in value) + "]"
-    else:
-        text = str(value)
-    return f"{key}={text}"
 
 
 def _at_least(key: str, value: float, low: float, hint: str) -> None:
