@@ -824,10 +824,12 @@ def translator_of(
     (since issue 16), or nmt.commands.generate.Translator in revisions before it."""
     import torch
 
-    checkpoints = importlib.import_module(f"{package}.checkpoint")
+    loading = f"{package}.generation.loading"  # nmt.checkpoint's load_for_inference before
+    if importlib.util.find_spec(loading) is None:
+        loading = f"{package}.checkpoint"
     config = importlib.import_module(f"{package}.generation.config")
     dev = torch.device(device)
-    model = checkpoints.load_for_inference(str(checkpoint), dev)
+    model = importlib.import_module(loading).load_for_inference(str(checkpoint), dev)
     search = dict(beam=beam, max_len_a=max_len_a, max_len_b=max_len_b)
     if importlib.util.find_spec(f"{package}.generation.translator") is not None:
         library = importlib.import_module(f"{package}.generation.translator")

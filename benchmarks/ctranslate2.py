@@ -58,14 +58,14 @@ import numpy as np
 import torch
 
 from benchmarks import common
-from nmt.checkpoint import load_for_inference
 from nmt.data.tokenizer import normalize_text
-from nmt.data.vocab import EOS
 from nmt.generation.config import SearchConfig
 from nmt.generation.io import Source, make_batches
+from nmt.generation.loading import load_for_inference
 from nmt.generation.translator import Translator
 from nmt.model.packed import FP32_GEMM_ENV
 from nmt.model.quantize import GEMM_ENV
+from nmt.vocab import EOS
 
 NAME = "ctranslate2"
 
@@ -145,8 +145,8 @@ def random_checkpoint(preset: str, spm_path: str | Path, out: Path) -> Path:
     from benchmarks.decoder import load_preset
     from nmt.checkpoint import build_checkpoint, save_checkpoint
     from nmt.data.tokenizer import Tokenizer
-    from nmt.data.vocab import BOS, PAD, SPECIAL_IDS
     from nmt.model.transformer import Transformer
+    from nmt.vocab import BOS, PAD, SPECIAL_IDS
 
     cfg = load_preset(preset)
     if not Path(spm_path).is_file():

@@ -22,12 +22,12 @@ from typing import Any, cast
 import torch
 
 from benchmarks import common
-from nmt.data.vocab import EOS, PAD
 from nmt.model.cache import CacheMemory
 from nmt.model.config import ModelConfig
 from nmt.model.kernels import FastKernels
 from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 
 NAME = "decoder"
 KERNELS = {"fast": FastKernels, "plain": Kernels}

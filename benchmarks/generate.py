@@ -33,8 +33,8 @@ def random_small(spm_cache: Path, seed: int = 1) -> Any:
     import torch
 
     from benchmarks.decoder import load_preset
-    from nmt.checkpoint import InferenceBundle
     from nmt.data.tokenizer import Tokenizer, train_tokenizer
+    from nmt.generation.loading import InferenceBundle
     from nmt.model.transformer import Transformer
 
     if spm_cache.is_file():
@@ -99,7 +99,7 @@ def load_bundle(checkpoint: str | None, spm_cache: Path, device: Any = None) -> 
     """The checkpoint's InferenceBundle (or random_small's) on `device` (default: cpu)."""
     import torch
 
-    from nmt.checkpoint import load_for_inference
+    from nmt.generation.loading import load_for_inference
 
     device = device or torch.device("cpu")
     if checkpoint:

@@ -1,8 +1,10 @@
-"""Checkpoint files: atomic writes, safe reads, and loading a model for inference.
+"""Checkpoint files: the format (build_checkpoint), atomic writes with a checksum, safe reads.
 
 A checkpoint is a plain dict of tensors and containers (see docs/ARCHITECTURE.md), read
 with `torch.load(weights_only=True)` so that a checkpoint from someone else cannot run
-code. The tokenizer(s) travel inside, so generation needs nothing but the file.
+code. The tokenizer(s) travel inside, so generation needs nothing but the file. This module
+knows the file, not the model: building a model and tokenizers from it for inference is
+nmt.generation.loading's job.
 """
 
 from __future__ import annotations
@@ -11,19 +13,13 @@ import errno
 import hashlib
 import os
 import re
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, Any, cast
 
 import torch
 
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write
-
-if TYPE_CHECKING:
-    from nmt.data.tokenizer import Tokenizer
-    from nmt.model.config import ModelConfig
-    from nmt.model.transformer import Transformer
 
 FORMAT_VERSION = 1
 CHECKSUM_KEY = "checksum"  # "sha256:<hex>" of every other entry, see payload_checksum
@@ -270,63 +266,3 @@ def build_checkpoint(
     if config is not None:
         ckpt["config"] = config
     return ckpt
-
-
-def model_config_from_dict(d: dict[str, Any]):
-    """Rebuild ModelConfig, ignoring nothing silently: unknown keys are an error."""
-    from nmt.model.config import ModelConfig
-
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise NmtError(f"checkpoint model_config has keys this nmt does not know: {unknown}")
-    return ModelConfig(**d)
-
-
-@dataclass
-class InferenceBundle:
-    """Everything generation needs, rebuilt from one checkpoint file."""
-
-    model: Transformer
-    src_tokenizer: Tokenizer
-    tgt_tokenizer: Tokenizer
-    data: dict[str, Any]  # src_lang, tgt_lang, vocab sizes, special_ids, normalization
-    model_config: ModelConfig
-
-
-def load_for_inference(
-    path: str | os.PathLike, device: str | torch.device = "cpu"
-) -> InferenceBundle:
-    """Load model weights, config and tokenizers from a checkpoint, in eval mode."""
-    from nmt.data.tokenizer import Tokenizer
-    from nmt.model.transformer import Transformer
-
-    ckpt = load_checkpoint(path)
-    cfg = model_config_from_dict(ckpt["model_config"])
-    data = ckpt.get("data") or {}
-    try:
-        model = Transformer(
-            cfg,
-            src_vocab_size=data["src_vocab_size"],
-            tgt_vocab_size=data["tgt_vocab_size"],
-            pad_id=data["special_ids"]["pad"],
-        )
-        tokenizers = ckpt["tokenizers"]
-        src_tok = Tokenizer.from_bytes(tensor_to_bytes(tokenizers["src"]))
-        tgt_tok = Tokenizer.from_bytes(tensor_to_bytes(tokenizers["tgt"]))
-    except KeyError as exc:
-        raise NmtError(
-            f"{path}: checkpoint lacks {exc.args[0]!r}; it was not written by nmt"
-        ) from exc
-    try:
-        model.load_state_dict(ckpt["model"], strict=True)
-    except RuntimeError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        detail = lines[1] if len(lines) > 1 else lines[0]  # line 0 is torch's generic heading
-        raise NmtError(
-            f"{path}: weights do not fit the model config stored with them: {detail[:300]}"
-        ) from exc
-    model.to(device).eval()
-    return InferenceBundle(
-        model=model, src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, data=data, model_config=cfg
-    )

@@ -1,4 +1,5 @@
-"""Console entry points: `nmt-preprocess`, `nmt-train`, `nmt-generate`, `nmt-score`.
+"""Console entry points: one per command of `nmt.config.COMMANDS`, `<command>_main` here,
+installed as `nmt-<command>` (pyproject.toml's [project.scripts], `_` written `-`).
 
 Each composes its config with Hydra's compose API (configs/<command>.yaml, the groups
 under configs/, an optional user config dir, command-line overrides), validates it

@@ -15,7 +15,7 @@ import numpy as np
 
 from nmt.data.config import ModelType, PreprocessConfig
 from nmt.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
-from nmt.data.vocab import EOS
+from nmt.vocab import EOS
 
 BOM = "\ufeff"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from nmt.data.vocab import EOS
+from nmt.vocab import EOS
 
 U_FP32 = 2.0**-24  # float32: 24 significant bits
 U_BF16 = 2.0**-8  # bfloat16: 8 significant bits

@@ -34,9 +34,9 @@ from nmt.data.corpus import (
     read_lines,
 )
 from nmt.data.tokenizer import Tokenizer
-from nmt.data.vocab import EOS
 from nmt.errors import NmtError
 from nmt.processes import become_child_of, interrupts_deferred
+from nmt.vocab import EOS
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:

@@ -32,26 +32,33 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from tqdm import tqdm
 
 from nmt.data.binarize import Encoder, EncodeSettings, SplitStats, dtype_for_vocab
 from nmt.data.config import InvalidUtf8, PreprocessConfig
 from nmt.data.corpus import CleanRules, FileScan, check_parallel, input_file, scan_file
-from nmt.data.meta import META_FILE, DataMeta, SplitInfo, split_prefix, write_meta
+from nmt.data.join import join_data_dirs
+from nmt.data.meta import (
+    CONFIG_FILE,
+    META_FILE,
+    DataMeta,
+    SplitInfo,
+    split_prefix,
+    write_config,
+    write_meta,
+)
+from nmt.data.report import BuildReport
 from nmt.data.tokenizer_setup import DataTokenizers, TokenizerSamples, setup_tokenizers
-from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.fsutil import (
     OutputKind,
     atomic_directory,
-    atomic_write_text,
     check_replaceable,
     destination_lock,
     remove_stale_temps,
 )
+from nmt.vocab import SPECIAL_IDS
 
-CONFIG_FILE = "config.yaml"
 # what nmt-preprocess writes into a data dir (also a join's hard-linked shards): with
 # overwrite=true, a data dir holding anything else is not replaced
 DATA_DIR = OutputKind(
@@ -69,62 +76,6 @@ class SplitInput:
     src: FileScan
     tgt: FileScan
     is_train: bool
-
-
-@dataclass(frozen=True)
-class BuildReport:
-    """What `build_data_dir` wrote: the data dir's meta.json, and how the run went."""
-
-    dest: Path  # the data dir
-    meta: DataMeta  # as written to <dest>/meta.json
-    encode_seconds: float  # reading, encoding and writing the splits (tokenizer training not)
-    workers: int  # encoding processes
-    invalid_utf8: dict[str, int]  # split -> lines with invalid UTF-8, where there were any
-    invalid_utf8_policy: str  # "replace" or "skip" (with "error" there are none)
-    joined: int = 0  # data dirs joined (join=[...]); 0: built from text
-
-    @property
-    def pairs(self) -> int:
-        """Sentence pairs read, over every split."""
-        return sum(s.lines for s in self.meta.splits.values())
-
-    @property
-    def pairs_per_second(self) -> float:
-        return self.pairs / self.encode_seconds if self.encode_seconds > 0 else float("inf")
-
-    def lines(self) -> list[str]:
-        """A summary for people: headline lines, with one indented line per split."""
-        meta = self.meta
-        out = [
-            f"{name}: {n} lines with invalid UTF-8 "
-            f"({'replaced' if self.invalid_utf8_policy == 'replace' else 'skipped'})"
-            for name, n in self.invalid_utf8.items()
-        ]
-        vocab = (
-            f"joint vocabulary of {meta.src_vocab_size}"
-            if meta.joint_vocab
-            else f"vocabularies of {meta.src_vocab_size} ({meta.src_lang}) and "
-            f"{meta.tgt_vocab_size} ({meta.tgt_lang})"
-        )
-        out.append(f"{meta.src_lang}->{meta.tgt_lang}, {vocab} pieces, {meta.dtype} ids")
-        width = max(len(name) for name in meta.splits)
-        for name, s in meta.splits.items():
-            removed = ", ".join(f"{rule} {n}" for rule, n in s.removed.items())
-            out.append(
-                f"  {name:<{width}} {s.lines:>9} lines {s.kept:>9} kept   tokens "
-                f"{s.src_tokens} {meta.src_lang} / {s.tgt_tokens} {meta.tgt_lang}   "
-                f"removed: {removed}"
-            )
-        if self.joined:
-            out.append(f"joined {self.joined} data dirs ({self.pairs} pairs)")
-        else:
-            out.append(
-                f"encoded {self.pairs} pairs in {self.encode_seconds:.2f} s "
-                f"({self.pairs_per_second:,.0f} pairs/s, "
-                f"{self.workers} worker{'s' if self.workers > 1 else ''})"
-            )
-        out.append(f"wrote {self.dest}")
-        return out
 
 
 def build_data_dir(
@@ -146,8 +97,6 @@ def build_data_dir(
     with destination_lock(dest, f"data.dest={dest}"):
         _check_dest(dest, cfg.overwrite)  # again, now that no other run can change it
         if cfg.join:
-            from nmt.data.join import join_data_dirs
-
             return join_data_dirs(cfg, dest, _plain(cfg), log=say)
         samples = TokenizerSamples(cfg)
         splits = _scan_inputs(cfg, samples, progress)
@@ -183,9 +132,7 @@ def _build(
     encode_s = time.perf_counter() - started
 
     config = _plain(cfg)
-    atomic_write_text(
-        out / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-    )
+    write_config(out, config)
     meta = DataMeta(
         src_lang=cfg.data.src,
         tgt_lang=cfg.data.tgt,

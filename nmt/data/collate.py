@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nmt.data.vocab import EOS, PAD
+from nmt.vocab import EOS, PAD
 
 
 @dataclass

@@ -23,17 +23,13 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import Any
 
 from nmt.data.config import InvalidUtf8, PreprocessConfig
-from nmt.data.meta import DataMeta, SplitInfo, load_meta, write_meta
+from nmt.data.meta import DataMeta, SplitInfo, load_meta, write_config, write_meta
+from nmt.data.report import BuildReport
 from nmt.errors import NmtError
-from nmt.fsutil import atomic_directory, atomic_write_text, remove_stale_temps
-
-if TYPE_CHECKING:
-    from nmt.data.build import BuildReport
+from nmt.fsutil import atomic_directory, remove_stale_temps
 
 # what every shard must agree on, and what to do otherwise
 _SAME = {
@@ -55,8 +51,6 @@ def join_data_dirs(
     log: Callable[[str], None] | None = None,
 ) -> BuildReport:
     """Write the data dir `dest` joining the data dirs `cfg.join` (in that order)."""
-    from nmt.data.build import CONFIG_FILE, BuildReport
-
     started = time.perf_counter()
     inputs = [Path(p).expanduser() for p in cfg.join]
     for path in inputs:
@@ -84,9 +78,7 @@ def join_data_dirs(
         splits = {
             name: _join_split(name, found, inputs, first, out) for name, found in parts.items()
         }
-        atomic_write_text(
-            out / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-        )
+        write_config(out, config)
         meta = DataMeta(
             src_lang=first.src_lang,
             tgt_lang=first.tgt_lang,

@@ -44,9 +44,9 @@ from nmt.data.binarize import TokenArray
 from nmt.data.config import ShortlistConfig
 from nmt.data.meta import DataMeta, load_meta
 from nmt.data.tokenizer import Tokenizer, load_tokenizers
-from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write_text, remove_stale_temps
+from nmt.vocab import SPECIAL_IDS
 
 CHUNK_LINKS = 2_000_000  # links per EM chunk: ~100 MB of numpy arrays
 SPECIALS = np.array(sorted(SPECIAL_IDS.values()), dtype=np.int64)  # [0,1,2,3]

@@ -2,7 +2,8 @@
 
 A data dir is complete only when meta.json exists (see docs/ARCHITECTURE.md). Training and
 generation read languages, vocabulary sizes, special ids and tokenizer files from here, so
-nothing is configured twice.
+nothing is configured twice. Beside it, config.yaml holds the resolved preprocess config
+for people to read (meta.json's `config` holds the same).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from nmt.errors import NmtError
-from nmt.fsutil import atomic_write
+from nmt.fsutil import atomic_write, atomic_write_text
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
+CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -113,3 +117,9 @@ def write_meta(data_dir: str | Path, meta: DataMeta) -> None:
     with atomic_write(Path(data_dir) / META_FILE, "w") as f:
         json.dump(meta.to_dict(), f, indent=2, ensure_ascii=False)
         f.write("\n")
+
+
+def write_config(data_dir: str | Path, config: dict[str, Any]) -> None:
+    """Write config.yaml durably: the resolved preprocess config, in YAML."""
+    text = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
+    atomic_write_text(Path(data_dir) / CONFIG_FILE, text)

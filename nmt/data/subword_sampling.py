@@ -45,8 +45,8 @@ import numpy as np
 
 from nmt.data.dataset import PairDataset
 from nmt.data.tokenizer import Tokenizer
-from nmt.data.vocab import EOS, UNK
 from nmt.errors import NmtError
+from nmt.vocab import EOS, UNK
 
 Pair = tuple[np.ndarray, np.ndarray]
 

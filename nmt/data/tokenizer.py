@@ -1,6 +1,6 @@
 """SentencePiece tokenizers whose ids are nmt's model ids, and the one text normalization.
 
-Models are trained with the fixed special ids of `nmt.data.vocab` and with SentencePiece's
+Models are trained with the fixed special ids of `nmt.vocab` and with SentencePiece's
 own normalization switched off ("identity"): `normalize_text` is the only normalization, used
 by preprocess and by generate alike, so `decode(encode(normalize_text(x))) == normalize_text(x)`.
 """
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import sentencepiece as spm
 
-from nmt.data.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write_text
+from nmt.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 
 if TYPE_CHECKING:
     from nmt.data.meta import DataMeta

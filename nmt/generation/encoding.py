@@ -16,9 +16,9 @@ import torch
 
 from nmt.data.batching import pack
 from nmt.data.tokenizer import Tokenizer, normalize_text
-from nmt.data.vocab import EOS, PAD
 from nmt.errors import NmtError
 from nmt.generation.generator import Hypothesis
+from nmt.vocab import EOS, PAD
 
 log = logging.getLogger("nmt.generation")
 

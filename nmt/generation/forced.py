@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.collate import collate
-from nmt.data.vocab import PAD
 from nmt.model.transformer import Transformer
 from nmt.runtime import inference_mode
+from nmt.vocab import PAD
 
 # Target positions projected to the vocabulary at once: bounds the [positions, V] logits
 # (64 sentences x 50 tokens x 32k vocabulary would be 400 MB in one piece).

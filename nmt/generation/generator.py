@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 
 from nmt.data.lexical import Shortlist
-from nmt.data.vocab import EOS, PAD
 from nmt.generation.config import SearchConfig
 from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors
 from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
@@ -37,6 +36,7 @@ from nmt.generation.shortlist import BatchVocab, batch_vocab
 from nmt.model.cache import CacheMemory
 from nmt.model.transformer import Transformer
 from nmt.runtime import inference_mode
+from nmt.vocab import EOS, PAD
 
 
 @dataclass

@@ -27,8 +27,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.generation.config import SearchConfig
+from nmt.vocab import BOS, EOS, PAD, UNK
 
 NEG_INF = -math.inf
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.lexical import SPECIALS, Shortlist
-from nmt.data.vocab import PAD
+from nmt.vocab import PAD
 
 
 def batch_vocab(

@@ -26,10 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nmt.checkpoint import InferenceBundle, load_for_inference
 from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
-from nmt.data.vocab import EOS
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig, check_batching, check_min_len, check_nbest
 from nmt.generation.encoding import (
@@ -42,10 +40,12 @@ from nmt.generation.encoding import (
 )
 from nmt.generation.forced import forced_batch, forced_log_probs
 from nmt.generation.generator import Hypothesis, SequenceGenerator
+from nmt.generation.loading import load_ensemble
 from nmt.model.packed import pack_fp32
 from nmt.model.quantize import quantize_int8
 from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime, setup
+from nmt.vocab import EOS
 
 PathLike = str | os.PathLike
 IdsLike = Sequence[int] | np.ndarray | torch.Tensor
@@ -86,21 +86,6 @@ def checkpoint_paths(checkpoint: PathLike | Sequence[PathLike]) -> list[str]:
             "pass a checkpoint file, or a list of files for an ensemble"
         )
     return [os.fspath(p) for p in paths]
-
-
-def load_ensemble(paths: Sequence[str], device: torch.device) -> list[InferenceBundle]:
-    """The bundle of every checkpoint; all must share the first one's tokenizers."""
-    bundles = [load_for_inference(p, device) for p in paths]
-    first = bundles[0]
-    for path, b in zip(paths[1:], bundles[1:]):
-        for side in ("src", "tgt"):
-            mine = getattr(b, f"{side}_tokenizer").model_bytes
-            if mine != getattr(first, f"{side}_tokenizer").model_bytes:
-                raise NmtError(
-                    f"{path}: its {side} SentencePiece model differs from {paths[0]}'s; "
-                    "an ensemble needs checkpoints trained on the same data dir"
-                )
-    return bundles
 
 
 class Translator:

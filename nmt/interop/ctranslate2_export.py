@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from nmt.data.lexical import Shortlist
-from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
 from nmt.fsutil import (
     OutputKind,
@@ -46,6 +45,7 @@ from nmt.model.layers import (
     _Layer,
 )
 from nmt.model.transformer import Transformer, TransformerDecoder, TransformerEncoder
+from nmt.vocab import BOS, EOS, PAD, UNK
 
 DECODER_START = EOS  # nmt's decoder input starts with </s>, as fairseq's
 EXPORT_INFO = "nmt_export.json"  # where the export came from (exported_from, spm files, ...)
@@ -233,7 +233,7 @@ def export_ctranslate2(
     require_ctranslate2()
     output_dir = Path(output_dir)
     check_replaceable(output_dir, "output_dir", EXPORT_DIR, overwrite)  # before slow work
-    from nmt.checkpoint import load_for_inference
+    from nmt.generation.loading import load_for_inference
 
     bundle = load_for_inference(checkpoint, "cpu")
     src_pieces = spm_pieces(bundle.src_tokenizer.model_bytes)

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nmt.data.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 from nmt.errors import NmtError
 from nmt.interop.config import ImportFairseqConfig
 from nmt.interop.safe_unpickle import load_untrusted
+from nmt.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 
 # fairseq's TransformerModel architectures (transformer_legacy.py); all share one layout.
 SUPPORTED_ARCHS = (

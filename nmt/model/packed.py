@@ -88,7 +88,8 @@ def _onednn_fp32_missing() -> str:
 
 class PackedLinear(nn.Module):
     """An inference-only nn.Linear whose weights oneDNN holds packed (see the module
-    docstring): y = x W^T + b in fp32, on oneDNN from ONEDNN_MIN_MACS multiply-adds."""
+    docstring): y = x W^T + b in fp32, on oneDNN from ONEDNN_MIN_MACS multiply-adds. It
+    SelectsRows (nmt.model.linear)."""
 
     weight: Tensor  # [N,K] fp32, for F.linear's calls and rows()
     bias: Tensor | None  # [N] fp32

@@ -35,15 +35,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from functools import partial
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.model.kernels import FastKernels
-from nmt.model.packed import PackedLinear
 from nmt.model.swap import gemm_named_by, swap_linear_layers
 from nmt.runtime import check_precision, int8_engine
 
@@ -95,7 +92,7 @@ def _quantized_call(fn: Callable[[], object]) -> object:
 
 class Int8Linear(nn.Module):
     """An inference-only nn.Linear with int8 weights (see the module docstring); `gemm`
-    is one of INT8_GEMMS (default: int8_gemm())."""
+    is one of INT8_GEMMS (default: int8_gemm()). It SelectsRows (nmt.model.linear)."""
 
     weight_int8: Tensor  # [N,K] int8
     scale: Tensor  # [N] fp32
@@ -189,17 +186,6 @@ class Int8Linear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, int8 ({self.gemm})"
         )
-
-
-def linear_rows(layer: nn.Module, index: Tensor) -> Callable[[Tensor], Tensor]:
-    """`layer` (nn.Linear, Int8Linear or PackedLinear) computing only its outputs `index`
-    [N']: the output projection over a shortlist of the vocabulary."""
-    if isinstance(layer, (Int8Linear, PackedLinear)):
-        return layer.rows(index)
-    assert isinstance(layer, nn.Linear)
-    weight = layer.weight.detach()[index]  # [N',K]
-    bias = None if layer.bias is None else layer.bias.detach()[index]
-    return partial(F.linear, weight=weight, bias=bias)
 
 
 ModelT = TypeVar("ModelT", bound=nn.Module)

@@ -1,5 +1,6 @@
 """Swapping a model's linear layers for inference-only ones (int8: quantize.py; fp32 on
-oneDNN: packed.py), in place, the fused projections of FastKernels included."""
+oneDNN: packed.py), in place, the fused projections of FastKernels included. A kind swapped
+in implements `rows` (nmt.model.linear.SelectsRows), so that a shortlist can use it."""
 
 from __future__ import annotations
 

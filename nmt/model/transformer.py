@@ -16,7 +16,6 @@ from typing import NamedTuple, cast
 
 from torch import Tensor, nn
 
-from nmt.data.vocab import PAD
 from nmt.errors import NmtError
 from nmt.model.cache import CacheMemory, DecoderCache
 from nmt.model.config import ModelConfig
@@ -29,7 +28,8 @@ from nmt.model.layers import (
     TransformerEncoderLayer,
     token_embedding,
 )
-from nmt.model.quantize import linear_rows
+from nmt.model.linear import linear_rows
+from nmt.vocab import PAD
 
 
 class EncoderOut(NamedTuple):

@@ -7,6 +7,8 @@ service.py         what every route does: limits, text <-> ids, queueing, timeou
 libretranslate.py  LibreTranslate's /translate and /languages
 native.py          /v1/translate, /v1/score, /v1/models: every generation option
 metrics.py         Prometheus metrics (prometheus-client)
+errors.py          ApiError: a refused request, answered as {"error": message}
+languages.py       language names of codes, for /languages and the page
 app.py             create_app(cfg): routes, errors, body limit, /health, /metrics, the page
 server.py          serve(cfg): uvicorn on a bound socket, graceful SIGTERM
 static/            the web page at / (plain HTML and JavaScript)

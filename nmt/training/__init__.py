@@ -6,6 +6,25 @@
 
 `build_training(cfg)` returns the Trainer without running it (tests, benchmarks). The
 modules are imported on first call, so that `import nmt.training.config` stays cheap.
+
+config.py         TrainConfig and its optim group; AverageConfig
+build.py          build_training: everything a run needs, ready to train or to resume
+trainer.py        the Trainer: everything one run holds
+loop.py           epochs, stopping rules, and the logging, validation and checkpoint cadence
+step.py           one optimizer update: forward/backward, loss scaling, clipping, OOM skips
+state.py          train_state in checkpoints; resuming and fine-tuning from one
+checkpointing.py  which checkpoint files a run writes and keeps; RNG state capture
+run_dir.py        where save_dir may be, and its lock (one run per save_dir)
+data.py           the training data and its batches; the valid split
+identity.py       the data dir against its meta.json and the checkpoint's record
+validation.py     valid loss and BLEU
+loss.py           label-smoothed cross-entropy, fused with the output layer
+optim.py          Adam and learning-rate schedules, as pure functions
+scaler.py         fp16's dynamic loss scale
+ema.py            the moving average of the weights (ema_decay)
+meter.py          the running figures between log lines, kept on the device
+logging.py        tqdm, train.jsonl, TensorBoard (rank 0)
+averaging.py      nmt-average: the mean of several checkpoints' weights
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ import torch
 
 from nmt import distributed, runtime
 from nmt.data.meta import DataMeta
-from nmt.data.vocab import PAD
 from nmt.distributed import DistEnv
 from nmt.errors import NmtError
 from nmt.model.transformer import Transformer
@@ -30,6 +29,7 @@ from nmt.training.run_dir import check_place, lock_run_dir
 from nmt.training.scaler import LossScaler
 from nmt.training.state import restore
 from nmt.training.trainer import Progress, Trainer
+from nmt.vocab import PAD
 
 
 def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:

@@ -35,10 +35,10 @@ from nmt.data.batching import (
 from nmt.data.dataset import ConcatSequences, PairDataset, load_pair_dataset, open_side
 from nmt.data.meta import DataMeta, load_meta
 from nmt.data.subword_sampling import SubwordSampler
-from nmt.data.vocab import SPECIAL_IDS
 from nmt.errors import NmtError
 from nmt.training.config import TrainConfig, setting
 from nmt.training.identity import checked_tokenizers, read_splits, split_counts
+from nmt.vocab import SPECIAL_IDS
 
 
 @dataclass(frozen=True)

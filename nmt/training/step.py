@@ -33,9 +33,9 @@ import torch
 from nmt import distributed
 from nmt.data.batching import rank_share
 from nmt.data.collate import Batch, collate
-from nmt.data.vocab import PAD
 from nmt.errors import NmtError
 from nmt.training.loss import output_layer_loss, rdrop_output_layer_loss, real_positions
+from nmt.vocab import PAD
 
 if TYPE_CHECKING:
     from nmt.training.trainer import Trainer

@@ -18,7 +18,6 @@ from nmt import distributed
 from nmt.data.batching import fixed_batches
 from nmt.data.collate import Batch, collate
 from nmt.data.dataset import PairDataset
-from nmt.data.vocab import EOS, PAD
 from nmt.distributed import DistEnv
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator
@@ -28,6 +27,7 @@ from nmt.scoring import corpus_bleu
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
 from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
+from nmt.vocab import EOS, PAD
 
 
 def evaluate(

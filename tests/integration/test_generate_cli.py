@@ -20,9 +20,9 @@ from nmt.cli import main
 from nmt.data.binarize import TokenArrayWriter
 from nmt.data.meta import DataMeta, SplitInfo, write_meta
 from nmt.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
-from nmt.data.vocab import EOS, SPECIAL_IDS
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, SPECIAL_IDS
 
 WORDS = (
     "one two three four five six seven eight nine ten eleven twelve hundred thousand and".split()

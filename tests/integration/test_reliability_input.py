@@ -291,8 +291,8 @@ def test_text_input_is_consumed_lazily(ckpt, monkeypatch):
     """20k lines on stdin: the first chunk is ready after reading about one chunk of it."""
     import io
 
-    from nmt.checkpoint import load_for_inference
     from nmt.generation.io import SourceEncoder, text_lines, text_sources
+    from nmt.generation.loading import load_for_inference
 
     reads = 0
 

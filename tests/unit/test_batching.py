@@ -7,8 +7,8 @@ import torch
 from nmt.data.batching import epoch_batches, filter_by_size, fixed_batches, pack, rank_share
 from nmt.data.collate import collate
 from nmt.data.dataset import PairDataset
-from nmt.data.vocab import EOS, PAD
 from nmt.errors import NmtError
+from nmt.vocab import EOS, PAD
 
 
 def _sizes(n=500, seed=0):

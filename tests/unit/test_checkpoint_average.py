@@ -11,8 +11,9 @@ import torch
 from helpers import TINY_MODEL, run_training, tiny_config
 from rounding import rounded_once
 
-from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
+from nmt.generation.loading import load_for_inference
 from nmt.training.averaging import (
     average,
     average_checkpoints,

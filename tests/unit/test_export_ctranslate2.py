@@ -14,13 +14,13 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from nmt.checkpoint import build_checkpoint, save_checkpoint  # noqa: E402
 from nmt.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
-from nmt.data.vocab import BOS, EOS, PAD  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.generation.config import SearchConfig  # noqa: E402
 from nmt.generation.generator import SequenceGenerator  # noqa: E402
 from nmt.interop.ctranslate2_export import export_ctranslate2  # noqa: E402
 from nmt.model.config import ModelConfig  # noqa: E402
 from nmt.model.transformer import Transformer  # noqa: E402
+from nmt.vocab import BOS, EOS, PAD  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 

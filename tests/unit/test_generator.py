@@ -12,11 +12,11 @@ import torch
 from rounding import gamma, logprob_tolerance, probability_sum_tolerance
 from torch import nn
 
-from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator, _Member
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import EncoderOut, Transformer
+from nmt.vocab import BOS, EOS, PAD, UNK
 
 A, B, C = 4, 5, 6  # the Markov model's three words
 

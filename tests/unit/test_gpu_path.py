@@ -24,7 +24,6 @@ from meta_device import DeviceReads
 from rounding import assert_same_function, float64_twin
 
 from nmt.checkpoint import load_checkpoint
-from nmt.data.vocab import EOS, PAD
 from nmt.distributed import DistEnv
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator
@@ -37,6 +36,7 @@ from nmt.training.meter import TrainMeter
 from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
 from nmt.training.scaler import LossScaler
 from nmt.training.trainer import Progress, Trainer
+from nmt.vocab import EOS, PAD
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,8 +18,8 @@ import torch
 from omegaconf import OmegaConf
 from rounding import assert_same_function, float64_twin
 
-from nmt.checkpoint import load_for_inference
 from nmt.errors import NmtError
+from nmt.generation.loading import load_for_inference
 from nmt.interop.config import ImportFairseqConfig
 from nmt.interop.fairseq_import import (
     import_fairseq,

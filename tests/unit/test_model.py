@@ -10,11 +10,11 @@ import pytest
 import torch
 from rounding import assert_same_function, float64_twin, probability_sum_tolerance
 
-from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
 from nmt.model.kernels import FastKernels
 from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 
 SRC_V, TGT_V = 41, 37
 

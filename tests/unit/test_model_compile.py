@@ -6,11 +6,11 @@ import pytest
 import torch
 from rounding import float64_twin, less_accurate, probability_sum_tolerance
 
-from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
 from nmt.model.kernels import FastKernels
 from nmt.model.layers import Kernels
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 
 
 def make_model(kernels: Kernels | None = None, **overrides) -> Transformer:

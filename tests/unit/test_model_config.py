@@ -11,11 +11,11 @@ import torch
 from omegaconf import OmegaConf
 from rounding import U_FP32
 
-from nmt.data.vocab import EOS, PAD
 from nmt.errors import NmtError
 from nmt.model.config import ModelConfig
 from nmt.model.layers import sinusoidal_table
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
 PRESETS = ["tiny", "small", "iwslt_de_en", "base", "big"]

@@ -7,11 +7,11 @@ import pytest
 import torch
 from rounding import float64_twin, gamma, less_accurate, probability_sum_tolerance
 
-from nmt.data.vocab import EOS, PAD
 from nmt.model.config import ModelConfig
 from nmt.model.kernels import MATMUL_ATTENTION_MAX_KEYS, FastKernels, FusedProjectionAttention
 from nmt.model.layers import Kernels, MultiheadAttention
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 
 V = 50
 

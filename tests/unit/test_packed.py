@@ -18,6 +18,7 @@ from torch import nn
 
 from nmt.errors import NmtError
 from nmt.model.layers import Kernels
+from nmt.model.linear import linear_rows
 from nmt.model.packed import (
     FP32_GEMM_ENV,
     ONEDNN_MIN_MACS,
@@ -26,7 +27,6 @@ from nmt.model.packed import (
     onednn_fp32_available,
     pack_fp32,
 )
-from nmt.model.quantize import linear_rows
 from nmt.model.transformer import Transformer
 from tests.helpers import NO_DROPOUT, cached_and_whole_decoding
 

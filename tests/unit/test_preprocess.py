@@ -18,8 +18,8 @@ from nmt.data import build_data_dir
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta, split_prefix
 from nmt.data.tokenizer import load_tokenizers, normalize_text
-from nmt.data.vocab import EOS
 from nmt.errors import NmtError
+from nmt.vocab import EOS
 
 
 def _decoded(data_dir: Path, split: str, lang: str, side: str) -> list[str]:

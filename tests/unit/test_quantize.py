@@ -15,6 +15,7 @@ from torch import nn
 
 from nmt.errors import NmtError
 from nmt.model.layers import Kernels
+from nmt.model.linear import linear_rows
 from nmt.model.quantize import (
     ACTIVATION_LEVELS,
     GEMM_ENV,
@@ -22,7 +23,6 @@ from nmt.model.quantize import (
     WEIGHT_LEVELS,
     Int8Linear,
     int8_gemm,
-    linear_rows,
     onednn_int8_available,
     quantize_int8,
 )

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.generation.config import SearchConfig
 from nmt.generation.processors import (
     NEG_INF,
@@ -29,6 +28,7 @@ from nmt.generation.search import (
     sample_candidates,
     select_active,
 )
+from nmt.vocab import BOS, EOS, PAD, UNK
 
 
 @pytest.mark.parametrize(

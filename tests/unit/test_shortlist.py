@@ -16,8 +16,8 @@ from nmt import Translator
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer
-from nmt.data.vocab import EOS
 from nmt.errors import NmtError
+from nmt.vocab import EOS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

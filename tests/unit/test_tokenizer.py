@@ -14,8 +14,8 @@ from nmt.data import build_data_dir
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta
 from nmt.data.tokenizer import Tokenizer, load_tokenizers, normalize_text, train_tokenizer
-from nmt.data.vocab import BOS, EOS, PAD, UNK
 from nmt.errors import NmtError
+from nmt.vocab import BOS, EOS, PAD, UNK
 
 
 def _lines(corpus: Path, name: str) -> list[str]:

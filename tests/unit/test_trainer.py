@@ -12,8 +12,9 @@ import torch
 from helpers import TINY_MODEL, run_training, tiny_config
 
 from nmt import runtime
-from nmt.checkpoint import load_checkpoint, load_for_inference
+from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
+from nmt.generation.loading import load_for_inference
 from nmt.training import build_training
 from nmt.training import step as step_module
 from nmt.training.config import OptimConfig

@@ -19,12 +19,12 @@ from nmt import TargetScore, Translation, Translator
 from nmt.data.binarize import TokenArray
 from nmt.data.meta import load_meta, split_prefix
 from nmt.data.tokenizer import normalize_text
-from nmt.data.vocab import EOS, PAD
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.model.config import ModelConfig
 from nmt.model.packed import FP32_GEMM_ENV, PackedLinear, onednn_fp32_available
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 from tests.helpers import run_training, tiny_config
 from tests.rounding import logprob_tolerance, sum_tolerance, text_logprob_tolerance
 

@@ -1,7 +1,8 @@
 """Special token ids, fixed for every nmt vocabulary (fairseq's order).
 
 SentencePiece models are trained with exactly these ids, so a SentencePiece id is the
-model's id: no separate vocabulary mapping exists anywhere in nmt.
+model's id: no separate vocabulary mapping exists anywhere in nmt. It lives in the
+foundation, below the data and the model, which both use these ids.
 """
 
 BOS = 0  # <s>
