@@ -1,7 +1,7 @@
 """nmt against CTranslate2 on the same weights, input, searches and threads, paired.
 
 Six engines translate the same length-sorted batches: nmt fp32, nmt int8 and nmt int8
-with a shortlist (what nmt-generate runs: Translator.load with precision= and shortlist=)
+with a shortlist (what nmt-generate runs: Translator.from_checkpoint with precision= and shortlist=)
 against CTranslate2 float32, int8 and int8 with the same shortlist as its vocabulary map
 (the checkpoint exported by nmt-export, vmap= for the last). For every search (--beams)
 and thread count (--threads) the engines take turns (common.interleave: a balanced order,
@@ -317,9 +317,9 @@ def nmt_engine(
 
     # (patch.dict restores the environment as it was)
     with patch.dict(os.environ, dict([gemm]) if gemm else {}):
-        base = Translator.load(  # exact fp32 (no TF32) on a GPU, as nmt-generate
+        base = Translator.from_checkpoint(  # exact fp32 (no TF32) on a GPU, as nmt-generate
             checkpoint,
-            search(args.beams[0]),
+            search=search(args.beams[0]),
             device=args.device,
             precision=precision,
             max_sentences=args.max_sentences,

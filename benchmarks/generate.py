@@ -212,7 +212,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tf32=False,
             inference=True,
             device_key="--device",
-            precision_key="--dtype",
         )
     except NmtError as exc:
         raise common.BenchError(str(exc)) from None

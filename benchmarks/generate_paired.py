@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from benchmarks.ctranslate2 import random_checkpoint
     from benchmarks.generate import random_small, source_ids
-    from nmt.generation.config import SearchConfig
     from nmt.generation.translator import Translator
 
     torch.set_num_threads(args.threads)
@@ -90,8 +89,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     package = common.import_revision(before).__name__
     after = common.worktree_id()
 
-    encoder = Translator.load(
-        checkpoint, SearchConfig(), device="cpu", max_sentences=args.batch
+    encoder = Translator.from_checkpoint(
+        checkpoint, device="cpu", max_sentences=args.batch
     )  # only to encode the input and batch it the way nmt-generate does
     sources = source_ids(encoder, args.input, args.lines)
     batches = [[sources[i] for i in batch] for batch in encoder_batches(sources, args.batch)]

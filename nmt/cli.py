@@ -218,18 +218,25 @@ def rewrite_deprecated(name: str, overrides: list[str]) -> tuple[list[str], list
     """(overrides with each deprecated key renamed, one note per rename).
 
     `old=value` (also `+old=`, `++old=`, `~old`) becomes `new=value`, and the note says so
-    and names the release that drops the old name (nmt.config.DEPRECATED_KEYS)."""
+    and names the release that drops the old name (nmt.config.DEPRECATED_KEYS). Both
+    names given with different values is an NmtError."""
     from nmt.config import DEPRECATED_KEYS
 
     aliases = DEPRECATED_KEYS.get(name, {})
+    parts = [re.match(r"^(~|\+{0,2})([^=@]+)(.*)$", o, re.DOTALL) for o in overrides]
+    given = {m.group(2): m.group(3) for m in parts if m}  # key -> "=value" (the last)
     rewritten: list[str] = []
     notes: list[str] = []
-    for override in overrides:
-        match = re.match(r"^(~|\+{0,2})([^=@]+)(.*)$", override, re.DOTALL)
+    for override, match in zip(overrides, parts):
         key = match.group(2) if match else ""
-        if key in aliases:
+        if match and key in aliases:
             new, removal = aliases[key]
-            override = f"{match.group(1)}{new}{match.group(3)}"  # type: ignore[union-attr]
+            if match.group(1) != "~" and given.get(new, match.group(3)) != match.group(3):
+                raise NmtError(
+                    f"{new}{given[new]}, {key}{match.group(3)}: {key}= is the old name of "
+                    f"{new}=, and the two differ; give {new}= only"
+                )
+            override = f"{match.group(1)}{new}{match.group(3)}"
             notes.append(f"{key}= is deprecated, renamed to {new}= (removed in {removal})")
         rewritten.append(override)
     return rewritten, notes

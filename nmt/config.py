@@ -103,7 +103,9 @@ RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
 # old -> (new, the version that removes the old name). The CLI rewrites `old=value` on the
 # command line to `new=value` and prints a one-line note; CHANGELOG.md lists each one.
 # (A renamed key that no longer works belongs in RENAMED_KEYS.)
-DEPRECATED_KEYS: dict[str, dict[str, tuple[str, str]]] = {}
+DEPRECATED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
+    "generate": {"dtype": ("precision", "0.3.0")},
+}
 
 COMMANDS: dict[str, Callable[[], CommandSpec]] = {
     "preprocess": _preprocess,

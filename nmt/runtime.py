@@ -277,18 +277,17 @@ def setup(
     distributed: bool = False,
     tf32: bool = True,
     device_key: str = "device",
-    precision_key: str = "precision",
     inference: bool = False,
 ) -> Runtime:
     """Resolve and check device and precision, then set threads, TF32 and the attention
     kernels (disable_cudnn_attention) for the process.
 
-    The `*_key` arguments name the config keys in errors; `inference` admits int8.
+    `device_key` names the device option in errors; `inference` admits int8.
     """
     resolved = resolve_device(
         device, local_rank=local_rank, distributed=distributed, key=device_key
     )
-    concrete, note = resolve_precision(precision, resolved, precision_key, inference=inference)
+    concrete, note = resolve_precision(precision, resolved, inference=inference)
     set_threads(threads)
     if tf32:
         enable_tf32(resolved)

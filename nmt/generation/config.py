@@ -1,18 +1,23 @@
 """Configuration of the search (SearchConfig) and of nmt-generate (GenerateConfig).
 
-GenerateConfig extends SearchConfig, so the search options sit at the top level where
-fairseq users look for them (`beam=5 lenpen=0.6`), while the generator receives only the
-part it uses. Every check raises NmtError in one style: `option=value: what is wrong;
-what to do`.
+SearchConfig is the one list of search options: `SearchConfig.with_options` makes a
+checked search from options wherever they come from (Translator.from_checkpoint, a
+Translator call, nmt-serve's models and requests). GenerateConfig extends it, so the
+search options sit at the top level where fairseq users look for them (`beam=5
+lenpen=0.6`), while the generator receives only the part it uses. Every check raises
+NmtError in one style: `option=value: what is wrong; what to do` (nmt.errors).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from nmt.errors import NmtError
+from nmt.errors import choice_error, option_error, setting
 from nmt.textlines import check_input_errors
 
 FORMATS = ("plain", "fairseq")
@@ -21,22 +26,6 @@ OVERLONG = ("truncate", "error")
 MAX_LENPEN = 5.0  # |lenpen|: length**lenpen for lengths up to 10^4 stays a finite fp32 factor
 MIN_TEMPERATURE = 1e-6  # fp32 logits / temperature stay finite (and sampling is greedy)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range, non-negative
-
-
-def _fmt(value: Any) -> str:
-    """A value as the user would write it on the command line."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    return "null" if value is None else str(value)
-
-
-def _bad(key: str, value: Any, problem: str, fix: str) -> NmtError:
-    return NmtError(f"{key}={_fmt(value)}: {problem}; {fix}")
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise _bad(key, value, "unknown", f"use one of {', '.join(choices)}")
 
 
 @dataclass
@@ -61,67 +50,69 @@ class SearchConfig:
     def validate(self) -> None:
         """Raise NmtError naming the first option that cannot work."""
         if self.beam < 1:
-            raise _bad("beam", self.beam, "must be 1 or more", "use 1 for greedy search")
+            raise option_error("beam", self.beam, "must be 1 or more", "use 1 for greedy search")
         check_nbest(self.nbest, self.beam)
         for key in ("lenpen", "max_len_a", "unkpen", "temperature", "sampling_topp"):
             if not math.isfinite(getattr(self, key)):  # nan/inf make every score nan or inf
-                raise _bad(key, getattr(self, key), "not a finite number", "give a number")
+                raise option_error(key, getattr(self, key), "not a finite number", "give a number")
         if abs(self.lenpen) > MAX_LENPEN:  # length**lenpen must stay a finite fp32 divisor
-            raise _bad(
+            raise option_error(
                 "lenpen",
                 self.lenpen,
                 f"out of range (-{MAX_LENPEN:g} to {MAX_LENPEN:g})",
                 "use 1 for the average log-prob per token, 0 for none (fairseq's usual 0.6-2)",
             )
         if not 0 <= self.seed <= MAX_SEED:
-            raise _bad("seed", self.seed, "out of range", f"use 0 to {MAX_SEED} (2^63 - 1)")
+            raise option_error("seed", self.seed, "out of range", f"use 0 to {MAX_SEED} (2^63 - 1)")
         for key in ("max_len_a", "max_len_b"):
             if getattr(self, key) < 0:
-                raise _bad(
+                raise option_error(
                     key,
                     getattr(self, key),
                     "must not be negative",
                     "the longest output is max_len_a * source length + max_len_b",
                 )
         if self.min_len < 0:
-            raise _bad("min_len", self.min_len, "must not be negative", "use 0 for no minimum")
+            raise option_error(
+                "min_len", self.min_len, "must not be negative", "use 0 for no minimum"
+            )
         if self.max_len_a == 0 and self.min_len > self.max_len_b:
-            raise _bad(
+            raise option_error(
                 "min_len",
                 self.min_len,
                 f"more than max_len_b={self.max_len_b}, the longest output (max_len_a=0)",
                 "lower min_len or raise max_len_b",
             )
         if self.no_repeat_ngram_size < 0:
-            raise _bad(
+            raise option_error(
                 "no_repeat_ngram_size",
                 self.no_repeat_ngram_size,
                 "must not be negative",
                 "use 0 to allow repeats",
             )
         if self.sampling_topk < 0:
-            raise _bad(
+            raise option_error(
                 "sampling_topk",
                 self.sampling_topk,
                 "must not be negative",
                 "use 0 to sample from every token",
             )
         if not 0.0 < self.sampling_topp <= 1.0:
-            raise _bad(
+            raise option_error(
                 "sampling_topp",
                 self.sampling_topp,
                 "must be in (0, 1]",
                 "use 1.0 to sample from every token",
             )
         if not self.temperature > 0:
-            raise _bad(
+            raise option_error(
                 "temperature",
                 self.temperature,
                 "must be positive",
                 "use 1.0 for the model's own distribution",
             )
         if self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow
-            raise _bad(
+            raise option_error(
                 "temperature",
                 self.temperature,
                 f"below {MIN_TEMPERATURE:g}, where the logits overflow",
@@ -129,25 +120,58 @@ class SearchConfig:
             )
         if not self.sampling:
             if self.sampling_topk:
-                raise _bad(
+                raise option_error(
                     "sampling_topk",
                     self.sampling_topk,
                     "applies to sampling only",
                     "add sampling=true",
                 )
             if self.sampling_topp < 1.0:
-                raise _bad(
+                raise option_error(
                     "sampling_topp",
                     self.sampling_topp,
                     "applies to sampling only",
                     "add sampling=true",
                 )
 
+    def with_options(self, options: Mapping[str, Any]) -> SearchConfig:
+        """A checked copy of this search with `options` (search option names) over it.
+
+        The one way a search is made from options: Translator.from_checkpoint, each
+        Translator call, nmt-serve's models and requests. An unknown name or a value of
+        the wrong type is an NmtError naming the option; then validate() checks values."""
+        for key, value in options.items():
+            check_search_option(key, value)
+        own = {f.name: getattr(self, f.name) for f in fields(SearchConfig)}  # not a subclass's
+        search = SearchConfig(**{**own, **options})
+        search.validate()
+        return search
+
+
+SEARCH_OPTIONS = tuple(f.name for f in fields(SearchConfig))
+_DEFAULTS = {f.name: f.default for f in fields(SearchConfig)}
+# What each kind of option takes: an int option any integer, a float option any number.
+_KINDS = {bool: (bool, "true or false"), int: (numbers.Integral, "a whole number")}
+_KINDS[float] = (numbers.Real, "a number")
+
+
+def check_search_option(key: str, value: Any) -> None:
+    """`key` names a search option and `value` has its type (NmtError otherwise)."""
+    if key not in SEARCH_OPTIONS:
+        close = difflib.get_close_matches(key, SEARCH_OPTIONS, n=1)
+        fix = f"did you mean {close[0]}?" if close else f"use one of {', '.join(SEARCH_OPTIONS)}"
+        raise option_error(key, value, "not a search option", fix)
+    default = _DEFAULTS[key]
+    wanted, kind = _KINDS[type(default)]
+    if not isinstance(value, wanted) or (wanted is not bool and isinstance(value, bool)):
+        shown = repr(value) if isinstance(value, str) else value  # "5" is not 5
+        raise option_error(key, shown, f"not {kind}", f"e.g. {setting(key, default)}")
+
 
 def check_nbest(nbest: int, beam: int) -> None:
-    """nbest must be between 1 and the beam (also checked per call by Translator)."""
+    """nbest must be between 1 and the beam."""
     if not 1 <= nbest <= beam:
-        raise _bad(
+        raise option_error(
             "nbest",
             nbest,
             f"must be between 1 and beam={beam}",
@@ -165,7 +189,7 @@ def check_min_len(
     at its limit (the limit wins, as nmt-generate says at the end)."""
     longest_model = max_target_positions - 1
     if search.min_len > longest_model:
-        raise _bad(
+        raise option_error(
             "min_len",
             search.min_len,
             f"more than the model's longest output ({longest_model} tokens: "
@@ -174,10 +198,10 @@ def check_min_len(
         )
     longest = int(search.max_len_a * max_source_positions + search.max_len_b)
     if search.min_len > longest:
-        raise _bad(
+        raise option_error(
             "min_len",
             search.min_len,
-            f"more than any output can be (max_len_a={_fmt(search.max_len_a)} x the longest "
+            f"more than any output can be ({setting('max_len_a', search.max_len_a)} x the longest "
             f"source, {max_source_positions} tokens, + max_len_b={search.max_len_b} = {longest})",
             "lower min_len or raise max_len_a or max_len_b",
         )
@@ -186,20 +210,23 @@ def check_min_len(
 def check_batching(max_tokens: int, max_sentences: int, overlong: str) -> None:
     """The batching options of Translator and nmt-generate."""
     if max_tokens < 0:
-        raise _bad("max_tokens", max_tokens, "must not be negative", "use 0 for no token limit")
+        raise option_error(
+            "max_tokens", max_tokens, "must not be negative", "use 0 for no token limit"
+        )
     if max_sentences < 1:
-        raise _bad(
+        raise option_error(
             "max_sentences",
             max_sentences,
             "must be 1 or more",
             "use 64 for batches of 64 sentences",
         )
-    _choice("overlong", overlong, OVERLONG)
+    if overlong not in OVERLONG:
+        raise choice_error("overlong", overlong, OVERLONG)
 
 
 def search_config(options: Any) -> SearchConfig:
     """The SearchConfig part of any object with its fields (e.g. a GenerateConfig)."""
-    return SearchConfig(**{f.name: getattr(options, f.name) for f in fields(SearchConfig)})
+    return SearchConfig(**{name: getattr(options, name) for name in SEARCH_OPTIONS})
 
 
 @dataclass
@@ -226,8 +253,7 @@ class GenerateConfig(SearchConfig):
     overlong: str = "truncate"  # source longer than the model accepts: truncate (warn) or error
     input_errors: str = "strict"  # invalid UTF-8 in the text inputs: strict (error) or replace
     device: str = "auto"  # cpu, cuda, cuda:1, or auto (cuda when available)
-    precision: Optional[str] = None  # fp32, bf16, fp16 (cuda), auto or int8 (cpu); null = fp32
-    dtype: Optional[str] = None  # deprecated: the old name of precision
+    precision: str = "fp32"  # fp32, bf16, fp16 (cuda), auto or int8 (cpu)
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     shortlist: Optional[str] = None  # target-vocabulary shortlist file (nmt-shortlist); null = all
     progress: bool = True  # tqdm bar on stderr for file input
@@ -235,29 +261,30 @@ class GenerateConfig(SearchConfig):
 
     def validate(self) -> None:
         super().validate()  # (checkpoint= is checked when loading: --cfg works without it)
-        _choice("format", self.format, FORMATS)
-        for key in ("precision", "dtype"):
-            if getattr(self, key) is not None:
-                _choice(key, getattr(self, key), PRECISIONS)
-        if self.precision is not None and self.dtype is not None and self.precision != self.dtype:
-            raise NmtError(
-                f"precision={self.precision}, dtype={self.dtype}: dtype= is the old name of "
-                "precision=, and the two differ; give precision= only"
-            )
+        if self.format not in FORMATS:
+            raise choice_error("format", self.format, FORMATS)
+        if self.precision not in PRECISIONS:
+            raise choice_error("precision", self.precision, PRECISIONS)
         check_batching(self.max_tokens, self.max_sentences, self.overlong)
         check_input_errors(self.input_errors)
         if self.buffer_size < 1:
-            raise _bad("buffer_size", self.buffer_size, "must be 1 or more", "e.g. 10000 lines")
+            raise option_error(
+                "buffer_size", self.buffer_size, "must be 1 or more", "e.g. 10000 lines"
+            )
         if self.threads < 0:
-            raise _bad("threads", self.threads, "must not be negative", "use 0 for torch's default")
+            raise option_error(
+                "threads", self.threads, "must not be negative", "use 0 for torch's default"
+            )
         if self.print_alignment and self.format != "fairseq":
-            raise _bad(
+            raise option_error(
                 "print_alignment", True, "A- lines need format=fairseq", "add format=fairseq"
             )
         if self.split is not None and self.ref is not None:
-            raise _bad("ref", self.ref, "a data dir split has its own references", "drop ref=")
+            raise option_error(
+                "ref", self.ref, "a data dir split has its own references", "drop ref="
+            )
         if self.prefix and self.prefix_file:
-            raise _bad(
+            raise option_error(
                 "prefix_file",
                 self.prefix_file,
                 "given together with prefix=",
@@ -268,7 +295,7 @@ class GenerateConfig(SearchConfig):
 
     def _validate_score_reference(self) -> None:
         if self.split is None and self.ref is None:
-            raise _bad(
+            raise option_error(
                 "score_reference",
                 True,
                 "there is nothing to score",
@@ -281,9 +308,6 @@ class GenerateConfig(SearchConfig):
             ("shortlist", "scoring uses the whole target vocabulary"),
         ):
             if getattr(self, key):
-                raise _bad(key, getattr(self, key), problem, f"drop {key}= with score_reference")
-
-    @property
-    def resolved_precision(self) -> str:
-        """precision=, else the deprecated dtype=, else fp32."""
-        return self.precision or self.dtype or "fp32"
+                raise option_error(
+                    key, getattr(self, key), problem, f"drop {key}= with score_reference"
+                )

@@ -9,7 +9,8 @@ search.py, files the ones ending in EOS as finished hypotheses, and reorders the
 the beams that survive. The search's rules (penalties, length limits, forced prefixes)
 are logit processors (processors.py), applied in one call per step. A sentence is
 finished when it has K finished hypotheses (or reached its length limit); finished
-sentences leave the batch, so the remaining steps cost less.
+sentences leave the batch, so the remaining steps cost less. `SequenceGenerator.generate`
+runs these as named phases: prepare, then per step: step, select, finish, reorder.
 Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
 
 On a GPU the host reads the device once per batch before decoding (the length limits and
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -214,14 +216,65 @@ class _Finished:
         return out
 
 
+@dataclass(eq=False)
+class _BatchSearch:
+    """One batch's search while it runs: what the phases read and update. Rows are
+    sentence-major (row = n*K + beam); N shrinks as finished sentences leave the batch."""
+
+    members: list[_Member]  # each model with its encoder output and decoder cache
+    finished: _Finished  # the hypotheses that ended, K slots per sentence of the batch
+    forced: ForcedTokens  # target prefixes, and EOS at the length limits
+    vocab: BatchVocab | None  # the batch's shortlist candidates, or None (every token)
+    sent: Tensor  # [N] batch index of each active sentence
+    max_lens: Tensor  # [N] each active sentence's longest output (tokens before EOS)
+    tokens: Tensor  # [R,1+t] decoder input so far: EOS, then the generated tokens
+    pos_scores: Tensor  # [R,t] log-prob of each generated token
+    attn_hist: Tensor | None  # [R,t,S] the chosen layer's attention, when requested
+    scores: Tensor  # [N,K] cumulative log-probs of the hypotheses (-inf: not extended)
+    longest: int  # the batch's longest limit: at most longest + 1 steps
+    on_cpu: bool  # reading a tensor costs nothing (no device queue to drain)
+
+
+class _Selection(NamedTuple):
+    """One step's candidates per sentence, best first ([N,C]: C = 2K for beam search, K
+    for sampling), and the K of them that continue ([N,K])."""
+
+    scores: Tensor  # [N,C] cumulative log-probs
+    tokens: Tensor  # [N,C] token ids
+    origins: Tensor  # [N,C] the beam (0..K-1) each extends
+    lprobs: Tensor  # [N,C] the token's own log-prob
+    is_eos: Tensor  # [N,C] bool: the candidate ends its hypothesis
+    next_scores: Tensor  # [N,K] the continuing hypotheses' scores (-inf: a placeholder)
+    next_tokens: Tensor  # [N,K]
+    next_origins: Tensor  # [N,K]
+    next_lprobs: Tensor  # [N,K]
+
+
+class _Progress(NamedTuple):
+    """What the finish phase read from the device at one step."""
+
+    done: Tensor  # [N] bool: sentences with K finished hypotheses or at their limit
+    n_done: int  # done.sum(), on the host
+    min_left: int  # the shortest limit among the sentences not done
+
+
 class SequenceGenerator:
     """Translate batches of source token ids with one model or an ensemble.
 
     Ensemble members must share the target vocabulary; their log-probabilities are
     averaged. Models must be in eval mode; autocast (bf16/fp16) is the caller's context.
-    One generator decodes one batch at a time (its cache memory is shared by its calls).
-    With a `shortlist`, each batch is decoded over its sentences' candidate target tokens
-    only (see nmt.generation.shortlist).
+    One generator decodes one batch at a time (its cache memory is shared by its calls,
+    and by other generators given the same `cache_memory`, one per model). With a
+    `shortlist`, each batch is decoded over its sentences' candidate target tokens only
+    (see nmt.generation.shortlist).
+
+    `generate` runs the search in five phases over the batch's state (`_BatchSearch`):
+    prepare once, then per step `_step` (decoder, log-softmax, processors), `_select`
+    (candidates, search.py), `_finish` (file ended hypotheses, stop rules) and `_reorder`
+    (caches and histories follow the continuing hypotheses). A new rule on the
+    log-probabilities is a processor (processors.py, added in LogitProcessors.from_search);
+    a new per-sentence state (as ForcedTokens or BatchVocab) is made in `_prepare`, read in
+    `_step`, and follows the sentences that stay with its `keep` in `_reorder`.
     """
 
     def __init__(
@@ -230,6 +283,7 @@ class SequenceGenerator:
         search: SearchConfig,
         attn_layer: int | None = None,
         shortlist: Shortlist | None = None,
+        cache_memory: Sequence[CacheMemory] | None = None,
     ):
         search.validate()
         self.models = list(models)
@@ -240,7 +294,9 @@ class SequenceGenerator:
         self.processors = LogitProcessors.from_search(search)
         # Longest output: the decoder input at the last step (max_len + 1 tokens) must fit.
         self.max_positions = min(m.cfg.max_target_positions for m in self.models) - 1
-        self._cache_memory = [CacheMemory() for _ in self.models]
+        if cache_memory is None:
+            cache_memory = [CacheMemory() for _ in self.models]
+        self.cache_memory = list(cache_memory)
         self.rng: torch.Generator | None = None
         if search.sampling:
             device = next(self.models[0].parameters()).device
@@ -257,7 +313,7 @@ class SequenceGenerator:
         return dict(
             group=1 if self.search.sampling else self.beam,
             capacity=positions,
-            memory=self._cache_memory[member],
+            memory=self.cache_memory[member],
         )
 
     def max_lengths(self, src_lengths: Tensor) -> Tensor:
@@ -266,6 +322,90 @@ class SequenceGenerator:
         # capped in float64 before the cast: a huge a or b must give the cap, not overflow
         limit = s.max_len_a * src_lengths.double() + float(s.max_len_b)
         return limit.clamp(max=self.max_positions).floor().long().clamp(min=1)
+
+    @inference_mode
+    def generate(
+        self,
+        src_tokens: Tensor,
+        prefix_tokens: Tensor | None = None,
+        *,
+        nbest: int | None = None,
+        attn_layer: int | None = None,
+    ) -> list[list[Hypothesis]]:
+        """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
+        (right-padded with PAD) to force at the start of each output. Returns, per
+        sentence, up to `nbest` (default: the search's) hypotheses, best first, with the
+        attention of decoder layer `attn_layer` (default: the generator's) when set."""
+        nbest = self.search.nbest if nbest is None else nbest
+        attn_layer = self.attn_layer if attn_layer is None else attn_layer
+        state = self._prepare(src_tokens, prefix_tokens, want_attn=attn_layer is not None)
+        for step in range(state.longest + 1):
+            lprobs, step_attn = self._step(state, step, attn_layer)  # [R,V], [R,S] | None
+            chosen = self._select(state, lprobs)
+            progress = self._finish(state, step, chosen, step_attn)
+            if progress.n_done == state.sent.numel():
+                break
+            self._reorder(state, chosen, progress, step_attn)
+        return state.finished.collect(nbest)
+
+    # -- the phases ---------------------------------------------------------------------
+
+    def _prepare(
+        self, src_tokens: Tensor, prefix_tokens: Tensor | None, want_attn: bool
+    ) -> _BatchSearch:
+        """Encode the batch once, make each model's cache, and start K rows per sentence
+        from EOS, with its prefix and length limit to force."""
+        k, device = self.beam, src_tokens.device
+        bsz, src_len = src_tokens.shape
+        src_lengths = src_tokens.ne(PAD).sum(1)  # [B]
+        max_lens = self.max_lengths(src_lengths)  # [B]
+        # The batch's one read before decoding.
+        longest, shortest, min_src = torch.stack(
+            [max_lens.max(), max_lens.min(), src_lengths.min()]
+        ).tolist()
+        expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
+        # With a shortlist the search runs over the batch's candidates: token columns
+        # [V'] instead of ids, mapped back to ids as they are chosen. The specials' columns
+        # are their ids, so the rules (no PAD/BOS, EOS at the limit, ...) read the same.
+        vocab = None
+        if self.shortlist is not None:
+            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens)
+        padded = min_src < src_len
+        members = [
+            _Member(m, src_tokens, expand, self._cache_args(i, longest + 1), padded, vocab)
+            for i, m in enumerate(self.models)
+        ]
+        if vocab is not None and prefix_tokens is not None:
+            prefix_tokens = vocab.to_columns(prefix_tokens)
+        scores = torch.zeros(bsz, k, device=device)  # [B,K]
+        if not self.search.sampling:
+            # All K start states are the same; extending only the first avoids K copies.
+            scores[:, 1:] = NEG_INF
+        return _BatchSearch(
+            members=members,
+            finished=_Finished(bsz, k, longest, src_len, want_attn, device),
+            forced=ForcedTokens(prefix_tokens, max_lens, k, min_max=shortest),
+            vocab=vocab,
+            sent=torch.arange(bsz, device=device),
+            max_lens=max_lens,
+            tokens=torch.full((bsz * k, 1), EOS, dtype=torch.long, device=device),
+            pos_scores=torch.zeros(bsz * k, 0, device=device),
+            attn_hist=torch.zeros(bsz * k, 0, src_len, device=device) if want_attn else None,
+            scores=scores,
+            longest=longest,
+            on_cpu=device.type == "cpu",
+        )
+
+    def _step(
+        self, state: _BatchSearch, step: int, attn_layer: int | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """One decoder step of every row: the next-token log-probs [R,V] ([R,V'] over a
+        shortlist) with the search's rules applied (processors.py), and the attention
+        [R,S] | None."""
+        lprobs, attn = self._lprobs(state.members, state.tokens, attn_layer, state.vocab)
+        tokens = state.tokens if state.vocab is None else state.vocab.to_columns(state.tokens)
+        self.processors(lprobs, step, tokens, state.forced)
+        return lprobs, attn
 
     def _lprobs(
         self,
@@ -289,136 +429,108 @@ class SequenceGenerator:
         at = None if not attn else attn[0] if len(attn) == 1 else torch.stack(attn).mean(0)
         return lp, at
 
-    @inference_mode
-    def generate(
-        self,
-        src_tokens: Tensor,
-        prefix_tokens: Tensor | None = None,
-        *,
-        nbest: int | None = None,
-        attn_layer: int | None = None,
-    ) -> list[list[Hypothesis]]:
-        """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
-        (right-padded with PAD) to force at the start of each output. Returns, per
-        sentence, up to `nbest` (default: the search's) hypotheses, best first, with the
-        attention of decoder layer `attn_layer` (default: the generator's) when set."""
+    def _select(self, state: _BatchSearch, lprobs: Tensor) -> _Selection:
+        """The step's candidates of each sentence (beam search or sampling, search.py)
+        from lprobs [R,V], and the K that continue: the best that do not end."""
         s, k = self.search, self.beam
-        nbest = s.nbest if nbest is None else nbest
-        attn_layer = self.attn_layer if attn_layer is None else attn_layer
-        want_attn = attn_layer is not None
-        device = src_tokens.device
-        on_cpu = device.type == "cpu"
-        bsz, src_len = src_tokens.shape
-        src_lengths = src_tokens.ne(PAD).sum(1)  # [B]
-        max_lens = self.max_lengths(src_lengths)  # [B]
-        # The batch's one read before decoding.
-        longest, shortest, min_src = torch.stack(
-            [max_lens.max(), max_lens.min(), src_lengths.min()]
-        ).tolist()
-        expand = torch.arange(bsz, device=device).repeat_interleave(k)  # [B*K]
-        # With a shortlist the search runs over the batch's candidates: token columns
-        # [V'] instead of ids, mapped back to ids as they are chosen. The specials' columns
-        # are their ids, so the rules (no PAD/BOS, EOS at the limit, ...) read the same.
-        vocab = None
-        if self.shortlist is not None:
-            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens)
-        members = [
-            _Member(
-                m, src_tokens, expand, self._cache_args(i, longest + 1), min_src < src_len, vocab
+        n = state.sent.numel()
+        lp3 = lprobs.view(n, k, -1)  # [N,K,V]
+        if s.sampling:
+            cand = sample_candidates(lp3, state.scores, s.sampling_topk, s.sampling_topp, self.rng)
+        else:
+            cand = beam_candidates(lp3, state.scores)
+        scores, tokens, origins = cand  # [N,C]
+        cand_lp = lprobs.view(n, -1).gather(1, origins * lp3.size(2) + tokens)  # [N,C]
+        if state.vocab is not None:  # columns -> token ids
+            tokens = state.vocab.to_ids(tokens)
+        is_eos = tokens.eq(EOS)
+        if s.sampling:  # each row keeps its own sample; one that ended is dead (-inf)
+            pick = torch.arange(k, device=tokens.device).expand(n, k)
+            next_scores = scores.masked_fill(is_eos, NEG_INF)
+        else:
+            pick, next_scores = select_active(scores, is_eos, k)  # [N,K]
+        return _Selection(
+            scores,
+            tokens,
+            origins,
+            cand_lp,
+            is_eos,
+            next_scores,
+            tokens.gather(1, pick),
+            origins.gather(1, pick),
+            cand_lp.gather(1, pick),
+        )
+
+    def _finish(
+        self, state: _BatchSearch, step: int, chosen: _Selection, step_attn: Tensor | None
+    ) -> _Progress:
+        """File the candidates that end (EOS among a sentence's top K, fairseq) as
+        finished hypotheses, and find the sentences done: K finished, or at their limit."""
+        k, finished, sent = self.beam, state.finished, state.sent
+        finishing = chosen.is_eos[:, :k] & chosen.scores[:, :k].gt(NEG_INF)  # [N,K]
+        if state.on_cpu and not bool(finishing.any()):  # most steps; reading is free on a CPU
+            accepted, counts = None, finished.count[sent]
+        else:
+            accepted, slots, counts = finished.slots(sent, finishing)  # [N,K], [N,K], [N]
+        done = counts.ge(k) | state.max_lens.le(step)  # [N]
+        reads = [done.sum(), state.max_lens.masked_fill(done, self.max_positions).min()]
+        if accepted is not None:
+            reads.append(accepted.sum())
+        # The step's one read: sentences done, the others' shortest limit, hypotheses
+        # finishing; what the host needs to steer the batch.
+        n_done, min_left, *n_accepted = torch.stack(reads).tolist()
+        if accepted is not None and n_accepted[0]:
+            finished.add(
+                step,
+                sent,
+                (accepted, slots, n_accepted[0]),
+                (chosen.lprobs, chosen.scores, chosen.origins),
+                (state.tokens, state.pos_scores, state.attn_hist),
+                step_attn,
+                self.search.lenpen,
             )
-            for i, m in enumerate(self.models)
-        ]
-        finished = _Finished(bsz, k, longest, src_len, want_attn, device)
-        if vocab is not None and prefix_tokens is not None:
-            prefix_tokens = vocab.to_columns(prefix_tokens)
-        forced = ForcedTokens(prefix_tokens, max_lens, k, min_max=shortest)
+        return _Progress(done, n_done, min_left)
 
-        # Active state: rows are sentence-major (row = n*K + beam).
-        sent = torch.arange(bsz, device=device)  # [N] original index of each active sentence
-        tokens = torch.full((bsz * k, 1), EOS, dtype=torch.long, device=device)  # [R,1+t]
-        pos_scores = torch.zeros(bsz * k, 0, device=device)  # [R,t]
-        attn_hist = torch.zeros(bsz * k, 0, src_len, device=device) if want_attn else None
-        scores = torch.zeros(bsz, k, device=device)  # [N,K] cumulative log-probs
-        if not s.sampling:
-            # All K start states are the same; extending only the first avoids K copies.
-            scores[:, 1:] = NEG_INF
-
-        for step in range(longest + 1):
-            n = sent.numel()
-            lp, step_attn = self._lprobs(members, tokens, attn_layer, vocab)  # [R,V], [R,S]|None
-            self.processors(lp, step, tokens if vocab is None else vocab.to_columns(tokens), forced)
-            lp3 = lp.view(n, k, -1)  # [N,K,V]
-            if s.sampling:
-                cand = sample_candidates(lp3, scores, s.sampling_topk, s.sampling_topp, self.rng)
-            else:
-                cand = beam_candidates(lp3, scores)
-            cand_scores, cand_tokens, cand_origins = cand  # [N,C]
-            cand_lp = lp.view(n, -1).gather(1, cand_origins * lp3.size(2) + cand_tokens)  # [N,C]
-            if vocab is not None:  # columns -> token ids
-                cand_tokens = vocab.to_ids(cand_tokens)
-            is_eos = cand_tokens.eq(EOS)
-            # Only EOS candidates among the top K finish a hypothesis (fairseq).
-            finishing = is_eos[:, :k] & cand_scores[:, :k].gt(NEG_INF)  # [N,K]
-            if on_cpu and not bool(finishing.any()):  # most steps; reading is free on a CPU
-                accepted, counts = None, finished.count[sent]
-            else:
-                accepted, slots, counts = finished.slots(sent, finishing)  # [N,K], [N,K], [N]
-            done = counts.ge(k) | max_lens.le(step)  # [N]
-            reads = [done.sum(), max_lens.masked_fill(done, self.max_positions).min()]
-            if accepted is not None:
-                reads.append(accepted.sum())
-            # The step's one read: sentences done, the others' shortest limit, hypotheses
-            # finishing; what the host needs to steer the batch.
-            n_done, min_left, *n_accepted = torch.stack(reads).tolist()
-            if accepted is not None and n_accepted[0]:
-                finished.add(
-                    step,
-                    sent,
-                    (accepted, slots, n_accepted[0]),
-                    (cand_lp, cand_scores, cand_origins),
-                    (tokens, pos_scores, attn_hist),
-                    step_attn,
-                    s.lenpen,
-                )
-
-            if s.sampling:  # each row keeps its own sample; one that ended is dead (-inf)
-                pick = torch.arange(k, device=device).expand(n, k)
-                scores = cand_scores.masked_fill(is_eos, NEG_INF)
-            else:
-                pick, scores = select_active(cand_scores, is_eos, k)  # [N,K]
-            act_tokens, act_origins = cand_tokens.gather(1, pick), cand_origins.gather(1, pick)
-            act_lp = cand_lp.gather(1, pick)
-            if n_done == n:
-                break
-            # Finished sentences leave the batch once they are a quarter of it: moving the
-            # others' cache rows costs more than decoding a few idle rows for some steps.
-            # Until then their scores are -inf, so they never finish another hypothesis.
-            same_sentences = n_done * 4 < n
-            if same_sentences:
-                kept = torch.arange(n, device=device)
-                if n_done:
-                    scores = scores.masked_fill(done.unsqueeze(1), NEG_INF)
-            else:
-                kept = true_positions(~done, n - n_done)  # [N']
-                sent, max_lens = sent[kept], max_lens[kept]
-                forced.keep(kept, max_lens, min_left)
-                if vocab is not None:
-                    vocab.keep(kept)
-                scores, act_tokens, act_origins, act_lp = (
-                    t[kept] for t in (scores, act_tokens, act_origins, act_lp)
-                )
-            order = (kept.unsqueeze(1) * k + act_origins).view(-1)  # [R'] rows they extend
-            # Greedy and sampling extend every row from itself: nothing moves unless the
-            # batch shrank, so the cache copy is skipped.
-            unmoved = same_sentences and (k == 1 or s.sampling)
-            if not unmoved:
-                for m in members:
-                    m.reorder(order, None if same_sentences else kept)
-                tokens, pos_scores = tokens[order], pos_scores[order]
-            tokens = torch.cat([tokens, act_tokens.view(-1, 1)], dim=1)
-            pos_scores = torch.cat([pos_scores, act_lp.view(-1, 1)], dim=1)
-            if attn_hist is not None and step_attn is not None:
-                attn_hist = torch.cat([attn_hist, step_attn.unsqueeze(1)], dim=1)
-                attn_hist = attn_hist if unmoved else attn_hist[order]
-
-        return finished.collect(nbest)
+    def _reorder(
+        self,
+        state: _BatchSearch,
+        chosen: _Selection,
+        progress: _Progress,
+        step_attn: Tensor | None,
+    ) -> None:
+        """Continue the chosen hypotheses: finished sentences leave the batch (or idle in
+        it), each model's cache and the histories follow the rows the chosen extend, and
+        the chosen tokens are appended."""
+        k, n = self.beam, state.sent.numel()
+        done, n_done = progress.done, progress.n_done
+        scores, tokens = chosen.next_scores, chosen.next_tokens  # [N,K]
+        origins, lprobs = chosen.next_origins, chosen.next_lprobs  # [N,K]
+        # Finished sentences leave the batch once they are a quarter of it: moving the
+        # others' cache rows costs more than decoding a few idle rows for some steps.
+        # Until then their scores are -inf, so they never finish another hypothesis.
+        same_sentences = n_done * 4 < n
+        if same_sentences:
+            kept = torch.arange(n, device=done.device)
+            if n_done:
+                scores = scores.masked_fill(done.unsqueeze(1), NEG_INF)
+        else:
+            kept = true_positions(~done, n - n_done)  # [N']
+            state.sent, state.max_lens = state.sent[kept], state.max_lens[kept]
+            state.forced.keep(kept, state.max_lens, progress.min_left)
+            if state.vocab is not None:
+                state.vocab.keep(kept)
+            scores, tokens, origins, lprobs = (t[kept] for t in (scores, tokens, origins, lprobs))
+        state.scores = scores  # [N',K]
+        order = (kept.unsqueeze(1) * k + origins).view(-1)  # [R'] rows they extend
+        # Greedy and sampling extend every row from itself: nothing moves unless the
+        # batch shrank, so the cache copy is skipped.
+        unmoved = same_sentences and (k == 1 or self.search.sampling)
+        if not unmoved:
+            for m in state.members:
+                m.reorder(order, None if same_sentences else kept)
+            state.tokens, state.pos_scores = state.tokens[order], state.pos_scores[order]
+        state.tokens = torch.cat([state.tokens, tokens.view(-1, 1)], dim=1)  # [R',2+t]
+        state.pos_scores = torch.cat([state.pos_scores, lprobs.view(-1, 1)], dim=1)  # [R',1+t]
+        if state.attn_hist is not None and step_attn is not None:
+            attn_hist = torch.cat([state.attn_hist, step_attn.unsqueeze(1)], dim=1)
+            state.attn_hist = attn_hist if unmoved else attn_hist[order]  # [R',1+t,S]

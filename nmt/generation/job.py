@@ -48,27 +48,20 @@ def generate(cfg: GenerateConfig) -> int:
     # a mistake costs no model loading, and nothing is written before it is found.
     check_output(cfg)
     lines = check_text_inputs(cfg)
-    translator = Translator.load(
+    translator = Translator.from_checkpoint(
         cfg.checkpoint,
-        search_config(cfg),
         device=cfg.device,
-        precision=cfg.resolved_precision,
+        precision=cfg.precision,
         threads=cfg.threads,
         max_tokens=cfg.max_tokens,
         max_sentences=cfg.max_sentences,
         overlong=cfg.overlong,
         alignment_layer=cfg.alignment_layer,
-        precision_key="dtype" if cfg.precision is None and cfg.dtype is not None else "precision",
         shortlist=cfg.shortlist,
+        search=search_config(cfg),
     )
     if translator.runtime.note:
         print(f"nmt-generate: note: {translator.runtime.note}", file=sys.stderr)
-    if cfg.dtype is not None:
-        print(
-            f"nmt-generate: note: dtype= is now precision=; write precision={cfg.dtype} "
-            "(dtype= will go away)",
-            file=sys.stderr,
-        )
     interactive = cfg.interactive if cfg.interactive is not None else cfg.input == STDIN
     inputs = open_sources(cfg, translator, 1 if interactive else cfg.buffer_size, lines)
     step = scorer(cfg, translator) if cfg.score_reference else translator_step(cfg, translator)

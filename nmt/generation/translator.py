@@ -3,25 +3,37 @@
     from nmt import Translator
     translator = Translator.from_checkpoint("runs/demo/checkpoint_best.pt", beam=5)
     translator.translate(["I bought twenty-one books."])        # ["Ich kaufte ..."]
+    translator.translate(texts, beam=1, max_len_b=50)           # options for this call only
     translator.translate_batch(texts, nbest=3, return_scores=True)
     translator.score(sources, references)                       # forced decoding
 
 A Translator loads its checkpoint(s) once and holds the models, the tokenizers, the
-search (a SearchConfig) and the device/precision (nmt.runtime). Every call batches its
-sentences by length within max_tokens/max_sentences and returns results in input order;
-a translation never depends on the other sentences of its batch. Calls from several
-threads are safe: decoding is serialized by a lock (the generator's cache memory is
-shared state), tokenization is not.
+device/precision (nmt.runtime) and its search (a SearchConfig: the defaults of its calls).
+One rule sorts the options: the search options (SearchConfig's fields) decide what a
+sentence's translation is, and any call may override them (`**search_options`, checked
+by SearchConfig.with_options); everything else (device, precision, threads, batching,
+overlong, alignment_layer, shortlist) is fixed when loading, and none of it changes a
+translation but overlong's refusals and precision's rounding.
+
+A call with search options decodes exactly as a Translator loaded with them would on its
+first call (sampling: a random stream of its own from `seed`); a call without them uses
+the translator's search, whose sampling stream goes on from call to call. Every call
+batches its sentences by length within max_tokens/max_sentences and returns results in
+input order; a translation never depends on the other sentences of its batch. Calls from
+several threads are safe: decoding is serialized by a lock (the cache memory is shared
+state), tokenization is not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +41,7 @@ import torch
 from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.errors import NmtError
-from nmt.generation.config import SearchConfig, check_batching, check_min_len, check_nbest
+from nmt.generation.config import SearchConfig, check_batching, check_min_len
 from nmt.generation.encoding import (
     PieceNames,
     TextEncoder,
@@ -41,6 +53,7 @@ from nmt.generation.encoding import (
 from nmt.generation.forced import forced_batch, forced_log_probs
 from nmt.generation.generator import Hypothesis, SequenceGenerator
 from nmt.generation.loading import load_ensemble
+from nmt.model.cache import CacheMemory
 from nmt.model.packed import pack_fp32
 from nmt.model.quantize import quantize_int8
 from nmt.model.transformer import Transformer
@@ -136,7 +149,8 @@ class Translator:
         self.max_target_positions = min(m.cfg.max_target_positions for m in self.models)
         check_min_len(self.search, self.max_source_positions, self.max_target_positions)
         self.shortlist = shortlist
-        self.generator = SequenceGenerator(self.models, self.search, shortlist=shortlist)
+        self._cache_memory = [CacheMemory() for _ in self.models]  # every generator's
+        self.generator = self._generator(self.search)
         self.pieces = PieceNames(tgt_tokenizer)
         self._fit_source = self.source_encoder("sources").fit
         self._fit_target = self.target_encoder("targets").fit
@@ -150,97 +164,33 @@ class Translator:
         device: str = "auto",
         precision: str = "fp32",
         threads: int = 0,
-        beam: int = 5,
-        nbest: int = 1,
-        lenpen: float = 1.0,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
-        min_len: int = 1,
-        unkpen: float = 0.0,
-        no_repeat_ngram_size: int = 0,
-        sampling: bool = False,
-        sampling_topk: int = 0,
-        sampling_topp: float = 1.0,
-        temperature: float = 1.0,
-        seed: int = 1,
-        use_cache: bool = True,
         max_tokens: int = 0,
         max_sentences: int = 64,
         overlong: str = "truncate",
         alignment_layer: int = -1,
         shortlist: PathLike | None = None,
+        search: SearchConfig | None = None,
+        **search_options: Any,
     ) -> Translator:
         """Load one checkpoint, or several (an ensemble, sharing tokenizers), once.
 
-        The search options are fairseq's (SearchConfig); `device` (auto, cpu, cuda,
-        cuda:N) and `precision` (fp32, bf16, fp16, or int8 on the CPU: int8 linear
-        layers) as nmt.runtime reads them; `threads` sets torch's CPU threads for the
-        process (0: torch's default). Batches hold at most `max_sentences` sentences and
-        `max_tokens` padded source tokens (0: no limit); a source longer than the model
-        accepts is truncated with a warning, or refused with overlong="error".
-        `shortlist`: a shortlist file (nmt-shortlist; a CTranslate2 vocabulary map):
-        the search considers only each sentence's candidate target tokens. Every option
-        is checked before anything is loaded.
+        The search: `search` (default: SearchConfig()) with `search_options` over it,
+        fairseq's names (beam=5, lenpen=0.6, ...; SearchConfig); it is the default of
+        every call. `device` (auto, cpu, cuda, cuda:N) and `precision` (fp32, bf16, fp16,
+        auto, or int8 on the CPU: int8 linear layers) as nmt.runtime reads them; `threads`
+        sets torch's CPU threads for the process (0: torch's default). Batches hold at
+        most `max_sentences` sentences and `max_tokens` padded source tokens (0: no
+        limit); a source longer than the model accepts is truncated with a warning, or
+        refused with overlong="error". `alignment_layer`: the decoder layer whose
+        attention gives alignments. `shortlist`: a shortlist file (nmt-shortlist; a
+        CTranslate2 vocabulary map): the search considers only each sentence's candidate
+        target tokens. Every option is checked before anything is loaded.
         """
-        search = SearchConfig(
-            beam=beam,
-            nbest=nbest,
-            lenpen=lenpen,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            min_len=min_len,
-            unkpen=unkpen,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            sampling=sampling,
-            sampling_topk=sampling_topk,
-            sampling_topp=sampling_topp,
-            temperature=temperature,
-            seed=seed,
-            use_cache=use_cache,
-        )
-        return cls.load(
-            checkpoint,
-            search,
-            device=device,
-            precision=precision,
-            threads=threads,
-            max_tokens=max_tokens,
-            max_sentences=max_sentences,
-            overlong=overlong,
-            alignment_layer=alignment_layer,
-            shortlist=shortlist,
-        )
-
-    @classmethod
-    def load(
-        cls,
-        checkpoint: PathLike | Sequence[PathLike],
-        search: SearchConfig,
-        *,
-        device: str = "auto",
-        precision: str = "fp32",
-        threads: int = 0,
-        max_tokens: int = 0,
-        max_sentences: int = 64,
-        overlong: str = "truncate",
-        alignment_layer: int = -1,
-        precision_key: str = "precision",
-        shortlist: PathLike | None = None,
-    ) -> Translator:
-        """from_checkpoint with the search as a SearchConfig (nmt-generate's way);
-        `precision_key` names the precision option in errors."""
-        search.validate()
+        search = (search or SearchConfig()).with_options(search_options)
         check_batching(max_tokens, max_sentences, overlong)
         paths = checkpoint_paths(checkpoint)
         # fp32 stays exact fp32 (no TF32): translations equal the CPU's, as before.
-        runtime = setup(
-            device,
-            precision,
-            threads=threads,
-            tf32=False,
-            precision_key=precision_key,
-            inference=True,
-        )
+        runtime = setup(device, precision, threads=threads, tf32=False, inference=True)
         bundles = load_ensemble(paths, runtime.device)
         first = bundles[0]
         table = None
@@ -270,16 +220,40 @@ class Translator:
             shortlist=table,
         )
 
-    def with_search(self, search: SearchConfig) -> Translator:
-        """This translator with another search: the same models, tokenizers, device,
-        batching and lock (calls on either stay serialized), its own generator. A
-        sampling search starts a random stream of its own from `search.seed`."""
-        search.validate()
+    def search_with(self, **search_options: Any) -> SearchConfig:
+        """This translator's search with `search_options` over it, checked for its
+        model (NmtError naming the option): what a call with these options decodes with."""
+        search = self.search.with_options(search_options)
         check_min_len(search, self.max_source_positions, self.max_target_positions)
+        return search
+
+    def with_search(self, search: SearchConfig) -> Translator:
+        """This translator with another default search: the same models, tokenizers,
+        device, batching, cache memory and lock (calls on either stay serialized). A
+        sampling search starts a random stream of its own from `search.seed`."""
         other = copy.copy(self)
-        other.search = search
-        other.generator = SequenceGenerator(self.models, search, shortlist=self.shortlist)
+        other.search = self.search_with(**dataclasses.asdict(search))
+        other.generator = other._generator(other.search)
         return other
+
+    def _generator(self, search: SearchConfig) -> SequenceGenerator:
+        """A generator of `search` over this translator's models and cache memory."""
+        return SequenceGenerator(
+            self.models, search, shortlist=self.shortlist, cache_memory=self._cache_memory
+        )
+
+    def _call_generator(self, search_options: dict[str, Any]) -> tuple[SequenceGenerator, int]:
+        """The generator of a call with these search options, and the call's nbest: the
+        translator's own without options, else one of the call's search (checked). A
+        beam search that differs from the translator's in nbest only is the translator's
+        generator (nbest only cuts the finished list); a sampling one starts its stream."""
+        if not search_options:
+            return self.generator, self.search.nbest
+        search = self.search_with(**search_options)
+        same = dataclasses.replace(search, nbest=self.search.nbest) == self.search
+        if same and not search.sampling:
+            return self.generator, search.nbest
+        return self._generator(search), search.nbest
 
     @property
     def device(self) -> torch.device:
@@ -310,20 +284,22 @@ class Translator:
             return None
         return self.tgt_tokenizer.encode(normalize_text(text, self.nfkc)) or None
 
-    def translate(self, texts: Sequence[str]) -> list[str]:
-        """The best translation of each text (an empty text gives "")."""
-        return [best[0].text for best in self.translate_batch(texts, nbest=1)]
+    def translate(self, texts: Sequence[str], **search_options: Any) -> list[str]:
+        """The best translation of each text (an empty text gives ""); `search_options`
+        (beam=1, lenpen=0.6, ...) override the translator's search for this call."""
+        return [best[0].text for best in self.translate_batch(texts, **search_options)]
 
     def translate_batch(
         self,
         texts: Sequence[str],
         *,
-        nbest: int | None = None,
         return_scores: bool = False,
         return_alignment: bool = False,
         prefixes: Sequence[str | None] | None = None,
+        **search_options: Any,
     ) -> list[list[Translation]]:
-        """Per text, up to `nbest` (default: the search's) translations, best first.
+        """Per text, up to `nbest` translations, best first; `search_options` (nbest=3,
+        beam=1, sampling=True, ...) override the translator's search for this call.
 
         `prefixes`: one target prefix per text (None or "" = free), forced at the start
         of its translations. An empty text gets one empty Translation.
@@ -341,16 +317,19 @@ class Translator:
                 )
             prefix_ids = [self.encode_prefix(p) for p in prefixes]
         results = self.translate_ids(
-            sources, prefixes=prefix_ids, nbest=nbest, alignment=return_alignment
+            sources, prefixes=prefix_ids, alignment=return_alignment, **search_options
         )
         return [
             self.translations(hyps, len(src), scores=return_scores, alignment=return_alignment)
             for hyps, src in zip(results, sources)
         ]
 
-    def score(self, sources: Sequence[str], targets: Sequence[str]) -> list[TargetScore]:
+    def score(
+        self, sources: Sequence[str], targets: Sequence[str], *, lenpen: float | None = None
+    ) -> list[TargetScore]:
         """Forced decoding: the model's log-probability of each target given its source
-        (EOS included), per token and length-normalized as generation reports scores."""
+        (EOS included), per token and length-normalized as generation reports scores
+        (`lenpen`: this call's, default the search's)."""
         _check_texts(sources, "sources")
         _check_texts(targets, "targets")
         if len(sources) != len(targets):
@@ -367,7 +346,7 @@ class Translator:
                 score=h.score,
                 pieces=self.pieces(target_ids(h)),
             )
-            for h in self.score_ids(src, tgt)
+            for h in self.score_ids(src, tgt, lenpen=lenpen)
         ]
 
     # -- ids in, hypotheses out -------------------------------------------------------
@@ -377,15 +356,15 @@ class Translator:
         sources: Sequence[IdsLike],
         *,
         prefixes: Sequence[IdsLike | None] | None = None,
-        nbest: int | None = None,
         alignment: bool = False,
+        **search_options: Any,
     ) -> list[list[Hypothesis]]:
         """Per source (ids ending in EOS, as a data dir stores them; empty = an empty
         line), up to `nbest` hypotheses, best first; [] for an empty source. `prefixes`:
         target ids (no EOS) to force per source, or None. With `alignment`, hypotheses
-        carry the attention of decoder layer `alignment_layer`."""
-        nbest = self.search.nbest if nbest is None else nbest
-        check_nbest(nbest, self.search.beam)
+        carry the attention of decoder layer `alignment_layer`. `search_options`
+        override the translator's search for this call (see the module docstring)."""
+        generator, nbest = self._call_generator(search_options)
         rows = [self._fit_source(_as_ids(s), i) for i, s in enumerate(sources)]
         forced = None
         if prefixes is not None:
@@ -402,15 +381,24 @@ class Translator:
             for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
                 src = pad_batch([rows[i] for i in batch], self.device)  # [B,S]
                 prefix = None if forced is None else self._prefix_tensor(forced, batch)
-                hyps = self.generator.generate(src, prefix, nbest=nbest, attn_layer=attn_layer)
+                hyps = generator.generate(src, prefix, nbest=nbest, attn_layer=attn_layer)
                 for i, h in zip(batch.tolist(), hyps):
                     out[i] = h
         return out
 
-    def score_ids(self, sources: Sequence[IdsLike], targets: Sequence[IdsLike]) -> list[Hypothesis]:
+    def score_ids(
+        self,
+        sources: Sequence[IdsLike],
+        targets: Sequence[IdsLike],
+        *,
+        lenpen: float | None = None,
+    ) -> list[Hypothesis]:
         """Forced decoding on ids (each ending in EOS; an empty one is the empty
         sentence [EOS]): per pair a Hypothesis of the target with its token log-probs
-        and its length-normalized score."""
+        and its score normalized by `lenpen` (default: the search's)."""
+        lenpen = (
+            self.search if lenpen is None else self.search_with(lenpen=lenpen)
+        ).lenpen  # checked
         if len(sources) != len(targets):
             raise NmtError(
                 f"targets: {len(targets)} of them for {len(sources)} sources; "
@@ -420,7 +408,6 @@ class Translator:
         tgt = [self._fit_target(_nonempty(_as_ids(t)), i) for i, t in enumerate(targets)]
         lengths = np.array([max(len(s), len(t)) for s, t in zip(src, tgt)], dtype=np.int64)
         out: dict[int, Hypothesis] = {}
-        lenpen = self.search.lenpen
         with self._lock, self._precision():
             for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
                 idx = batch.tolist()

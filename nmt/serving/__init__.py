@@ -3,13 +3,14 @@
 config.py          ServeConfig (the server, its limits, batching), ModelSpec (a model by name)
 models.py          ModelRegistry: the loaded models, by name and by language pair
 batching.py        BatchQueue: requests' sentences batched across clients, one worker per model
-service.py         what every route does: limits, text <-> ids, queueing, timeouts
+service.py         what every route does: limits, search options, queueing, timeouts
 libretranslate.py  LibreTranslate's /translate and /languages
 native.py          /v1/translate, /v1/score, /v1/models: every generation option
 metrics.py         Prometheus metrics (prometheus-client)
 errors.py          ApiError: a refused request, answered as {"error": message}
 languages.py       language names of codes, for /languages and the page
-app.py             create_app(cfg): routes, errors, body limit, /health, /metrics, the page
+app.py             create_app(cfg): routes, body limit, /health, /metrics, the page
+handlers.py        error answers: every exception as {"error": message} with its status
 server.py          serve(cfg): uvicorn on a bound socket, graceful SIGTERM
 static/            the web page at / (plain HTML and JavaScript)
 

@@ -1,4 +1,5 @@
-"""The FastAPI app of nmt-serve: routes, error answers, limits, metrics, the web page.
+"""The FastAPI app of nmt-serve: routes, limits, metrics, the web page (error answers:
+handlers.py).
 
     create_app(cfg, models=None) -> FastAPI
 
@@ -19,18 +20,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nmt import __version__
 from nmt.serving import libretranslate, native
 from nmt.serving.config import ServeConfig
-from nmt.serving.errors import ApiError
+from nmt.serving.handlers import STATUS_KINDS, add_error_handlers
 from nmt.serving.metrics import CONTENT_TYPE, Metrics
 from nmt.serving.models import ModelRegistry
 from nmt.serving.service import Service
@@ -48,7 +47,6 @@ ROUTES = {
     "/v1/translate",
     "/v1/score",
 }
-STATUS_KINDS = {404: "not_found", 405: "method", 413: "too_large", 500: "internal"}
 
 
 def create_app(
@@ -105,37 +103,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.load_state = state
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        request.state.error_kind = exc.kind
-        headers = {"Retry-After": "1"} if exc.status == 503 else None
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            request.state.error_kind = "bad_request"
-            return JSONResponse({"error": "body: not valid JSON"}, status_code=400)
-        request.state.error_kind = "invalid"
-        return JSONResponse({"error": _describe(errors)}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        request.state.error_kind = STATUS_KINDS.get(exc.status_code, "http")
-        return JSONResponse(
-            {"error": f"{request.url.path}: {exc.detail}"},
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
-
-    @app.exception_handler(Exception)
-    async def failed(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("nmt-serve: %s %s failed", request.method, request.url.path)
-        request.state.error_kind = "internal"
-        return JSONResponse(
-            {"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500
-        )
+    add_error_handlers(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -257,12 +225,3 @@ async def _answer(send: Send, status: int, message: str) -> None:
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
-
-
-def _describe(errors: Any) -> str:
-    """Pydantic's errors as one line: `texts.1: Input should be a valid string; ...`."""
-    parts = []
-    for e in list(errors)[:3]:
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    return "; ".join(parts)

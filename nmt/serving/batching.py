@@ -18,12 +18,16 @@ clients that send again as soon as they are answered fill batches as offline tra
 does.
 
 A translation never depends on the other sentences of its batch (Translator's invariant),
-so batching across clients changes only the speed. Sampling jobs are never merged: each
-is decoded alone, by a generator seeded for it, and so is reproducible.
+and only jobs with the same search (nbest aside, which only cuts the finished list) share
+a batch, so batching across clients changes only the speed. Sampling jobs are never
+merged: each is decoded alone, in one Translator call with its search's options, which
+starts a random stream of its own from its seed; so an answer never depends on the other
+requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,6 +41,7 @@ import numpy as np
 import torch
 
 from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig
 from nmt.generation.translator import Translator
 
 log = logging.getLogger("nmt.serving")
@@ -61,15 +66,16 @@ class Job:
     decoded; `job.results` then holds one result per text), or `job.results` itself.
     """
 
-    translator: Translator  # the model with this job's search (Translator.with_search)
-    kind: Hashable  # jobs of the same kind may share a batch
+    translator: Translator  # the model
     texts: Sequence[str]  # one sentence each
+    # the request's search (None: the translator's): TRANSLATE keeps its nbest hypotheses
+    # per text, SCORE normalizes by its lenpen
+    search: SearchConfig | None = None
     op: str = TRANSLATE  # TRANSLATE: hypotheses per text; SCORE: forced decoding
     prefixes: Sequence[str | None] | None = None  # TRANSLATE: target text to force
     targets: Sequence[str] | None = None  # SCORE: the translations to score
-    nbest: int = 1  # TRANSLATE: hypotheses kept per text
     alignment: bool = False  # TRANSLATE: hypotheses carry attention
-    merge: bool = True  # False: decoded alone, in one call (sampling)
+    kind: Hashable = None  # jobs of the same kind may share a batch (None: job_kind's)
     where: str = "texts"  # names the texts in messages (over-long lines)
     finish: Callable[[Job], Any] | None = None
     future: Future = field(default_factory=Future)
@@ -82,6 +88,24 @@ class Job:
     taken: int = 0  # sentences handed to a batch so far
     left: int = 0  # sentences not decoded yet
     arrived: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.search is None:
+            self.search = self.translator.search
+        if self.kind is None:
+            self.kind = job_kind(self.op, self.search, self.alignment)
+
+    @property
+    def nbest(self) -> int:
+        """TRANSLATE: hypotheses kept per text."""
+        assert self.search is not None
+        return self.search.nbest
+
+    @property
+    def merge(self) -> bool:
+        """False: decoded alone, in one call (sampling)."""
+        assert self.search is not None
+        return self.op == SCORE or not self.search.sampling
 
     def prepare(self) -> None:
         """Texts to ids, as the Translator makes them (NmtError for a line refused)."""
@@ -103,6 +127,14 @@ class Job:
         if self.target_ids is not None:
             return max(n, len(self.target_ids[i]), 1)  # an empty side is scored as [EOS]
         return n
+
+
+def job_kind(op: str, search: SearchConfig, alignment: bool = False) -> Hashable:
+    """What jobs must share to share a batch: a translation's search (nbest aside: it
+    only cuts the finished list) and whether attention is kept; a score's lenpen."""
+    if op == SCORE:
+        return (SCORE, search.lenpen)
+    return (TRANSLATE, dataclasses.astuple(dataclasses.replace(search, nbest=1)), alignment)
 
 
 class BatchQueue:
@@ -341,17 +373,17 @@ def _fit(encoder, texts: Sequence[str]) -> list[np.ndarray]:
 def _run(head: Job, batch: list[tuple[Job, int]]) -> list[Any]:
     """One Translator call for the batch (all of one kind): results in batch order."""
     sources = [job.sources[i] for job, i in batch]
-    translator = head.translator
+    translator, search = head.translator, head.search
+    assert search is not None
     if head.op == SCORE:
         targets = [job.target_ids[i] for job, i in batch]  # type: ignore[index]
-        return translator.score_ids(sources, targets)
+        return translator.score_ids(sources, targets, lenpen=search.lenpen)
     prefixes = None
     if any(job.prefix_ids is not None for job, _ in batch):
         prefixes = [None if job.prefix_ids is None else job.prefix_ids[i] for job, i in batch]
-    nbest = max(job.nbest for job, _ in batch)
-    hyps = translator.translate_ids(
-        sources, prefixes=prefixes, nbest=nbest, alignment=head.alignment
-    )
+    # the head's search, as options of this call (sampling: a stream of its own from seed)
+    options = {**dataclasses.asdict(search), "nbest": max(job.nbest for job, _ in batch)}
+    hyps = translator.translate_ids(sources, prefixes=prefixes, alignment=head.alignment, **options)
     # nbest only cuts the finished list (best first), so fewer is a prefix of more.
     return [h[: job.nbest] for (job, _), h in zip(batch, hyps)]
 

@@ -8,24 +8,13 @@ Importing this module imports neither torch nor FastAPI (the CLI reads it for --
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, choice_error, option_error
 from nmt.generation.config import PRECISIONS, SearchConfig, check_batching
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-SEARCH_KEYS = tuple(f.name for f in fields(SearchConfig))
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return "null" if value is None else str(value)
-
-
-def _bad(key: str, value: Any, problem: str, fix: str) -> NmtError:
-    return NmtError(f"{key}={_fmt(value)}: {problem}; {fix}")
 
 
 @dataclass
@@ -79,16 +68,20 @@ class ServeConfig(SearchConfig):
         """Raise NmtError naming the first option that cannot work."""
         super().validate()
         if self.max_beam < 1:
-            raise _bad("max_beam", self.max_beam, "must be 1 or more", "e.g. 16")
+            raise option_error("max_beam", self.max_beam, "must be 1 or more", "e.g. 16")
         # checkpoint= / models= and every model's search (a missing checkpoint is reported
         # when serving, so that --cfg works without one)
         self.model_specs(require_checkpoint=False)
         if not 0 <= self.port <= 65535:
-            raise _bad("port", self.port, "not a TCP port", "use 1..65535, or 0 for any free port")
+            raise option_error(
+                "port", self.port, "not a TCP port", "use 1..65535, or 0 for any free port"
+            )
         if not self.host:
-            raise _bad("host", self.host, "empty", "use 127.0.0.1 (this machine only)")
+            raise option_error("host", self.host, "empty", "use 127.0.0.1 (this machine only)")
         if self.api_key is not None and not self.api_key.strip():
-            raise _bad("api_key", repr(self.api_key), "empty", "give a key, or null for no key")
+            raise option_error(
+                "api_key", repr(self.api_key), "empty", "give a key, or null for no key"
+            )
         check_batching(self.max_tokens, self.max_sentences, self.overlong)
         for key, fix in (
             ("max_wait_ms", "use 0 to decode as soon as the worker is free"),
@@ -97,27 +90,25 @@ class ServeConfig(SearchConfig):
             ("shutdown_timeout", "e.g. 30 seconds"),
         ):
             if not getattr(self, key) >= 0:
-                raise _bad(key, getattr(self, key), "must not be negative", fix)
+                raise option_error(key, getattr(self, key), "must not be negative", fix)
         if self.request_timeout == 0:
-            raise _bad("request_timeout", 0, "no request could finish", "e.g. 60 seconds")
+            raise option_error("request_timeout", 0, "no request could finish", "e.g. 60 seconds")
         for key in ("max_queue", "max_request_chars", "max_request_sentences", "max_body_bytes"):
             if getattr(self, key) < 1:
-                raise _bad(key, getattr(self, key), "must be 1 or more", "raise it")
+                raise option_error(key, getattr(self, key), "must be 1 or more", "raise it")
         if self.precision not in PRECISIONS:
-            raise _bad(
-                "precision", self.precision, "unknown", f"use one of {', '.join(PRECISIONS)}"
-            )
+            raise choice_error("precision", self.precision, PRECISIONS)
         if self.threads < 0:
-            raise _bad("threads", self.threads, "must not be negative", "use 0 for torch's default")
-        if self.log_level not in LOG_LEVELS:
-            raise _bad(
-                "log_level", self.log_level, "unknown", f"use one of {', '.join(LOG_LEVELS)}"
+            raise option_error(
+                "threads", self.threads, "must not be negative", "use 0 for torch's default"
             )
+        if self.log_level not in LOG_LEVELS:
+            raise choice_error("log_level", self.log_level, LOG_LEVELS)
 
     def model_specs(self, require_checkpoint: bool = True) -> list[ModelSpec]:
         """The models to load: `checkpoint=` as one unnamed model, or `models=`; checked."""
         if self.checkpoint is not None and self.models:
-            raise _bad(
+            raise option_error(
                 "checkpoint",
                 self.checkpoint,
                 "given together with models=",
@@ -129,7 +120,7 @@ class ServeConfig(SearchConfig):
             where = "checkpoint" if not self.models else f"models[{i}].checkpoint"
             missing = spec.checkpoint is None or spec.checkpoint == "" or spec.checkpoint == []
             if missing and (require_checkpoint or self.models):
-                raise _bad(
+                raise option_error(
                     where,
                     spec.checkpoint,
                     "no checkpoint given",
@@ -137,14 +128,14 @@ class ServeConfig(SearchConfig):
                 )
             if spec.name is not None:
                 if not spec.name or "/" in spec.name or spec.name != spec.name.strip():
-                    raise _bad(
+                    raise option_error(
                         f"models[{i}].name",
                         repr(spec.name),
                         "not a usable name",
                         "use letters, digits, - and _ (e.g. en-de)",
                     )
                 if spec.name in names:
-                    raise _bad(
+                    raise option_error(
                         f"models[{i}].name",
                         spec.name,
                         f"also the name of models[{names[spec.name]}]",
@@ -155,20 +146,10 @@ class ServeConfig(SearchConfig):
         return specs
 
     def search_for(self, spec: ModelSpec, where: str = "search") -> SearchConfig:
-        """The server's search with the model's own options over it, checked."""
-        unknown = sorted(set(spec.search) - set(SEARCH_KEYS))
-        if unknown:
-            raise _bad(
-                f"{where}.{unknown[0]}",
-                spec.search[unknown[0]],
-                "not a search option",
-                f"use {', '.join(SEARCH_KEYS)}",
-            )
-        search = SearchConfig(**{k: getattr(self, k) for k in SEARCH_KEYS})
-        for key, value in spec.search.items():
-            setattr(search, key, value)
+        """The server's search with the model's own options over it, checked
+        (SearchConfig.with_options, as every search is made)."""
         try:
-            search.validate()
+            search = self.with_options(spec.search)
             self.check_beam(search.beam, fix="use a narrower beam, or raise max_beam")
         except NmtError as exc:
             raise NmtError(f"{where}.{exc}" if spec.search else str(exc)) from None
@@ -177,4 +158,6 @@ class ServeConfig(SearchConfig):
     def check_beam(self, beam: int, fix: str = "use a narrower beam") -> None:
         """A beam within max_beam: a request's work (and memory) grows with it."""
         if beam > self.max_beam:
-            raise _bad("beam", beam, f"more than this server's max_beam={self.max_beam}", fix)
+            raise option_error(
+                "beam", beam, f"more than this server's max_beam={self.max_beam}", fix
+            )

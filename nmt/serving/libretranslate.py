@@ -78,12 +78,11 @@ def router(service: Service) -> APIRouter:
         lines = [line for t in texts for line in t.split("\n")]
         service.check_size("q", lines)
         model = service.registry().for_pair(source, target)
-        search = model.search
-        if alternatives + 1 > search.beam:
-            search = service.search(model, {"beam": alternatives + 1})
-        answer = await service.translate(
-            model, lines, texts_of, search=search, nbest=alternatives + 1, where="q"
-        )
+        wanted = {"nbest": alternatives + 1}  # n alternatives need a beam of n + 1
+        if alternatives + 1 > model.search.beam:
+            wanted["beam"] = alternatives + 1
+        search = service.search(model, wanted)
+        answer = await service.translate(model, lines, texts_of, search=search, where="q")
         for warning in answer.warnings:
             log.warning("%s", warning)
         outputs = answer.value

@@ -1,6 +1,6 @@
 """The models a server holds, by name and by language pair, each with its batching queue.
 
-`ModelRegistry.load(cfg)` loads every model of a ServeConfig once (Translator.load) and
+`ModelRegistry.load(cfg)` loads every model of a ServeConfig once (Translator.from_checkpoint) and
 starts one BatchQueue (worker thread) per model. LibreTranslate routes find a model by
 its languages (the checkpoint's data: src_lang, tgt_lang), native routes by name.
 """
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
@@ -23,7 +22,6 @@ from nmt.serving.languages import language_name
 
 log = logging.getLogger("nmt.serving")
 
-VARIANTS = 4  # searches other than the model's own kept ready per model (least recent go)
 AUTO = "auto"  # LibreTranslate's "detect the source language"
 
 
@@ -35,7 +33,6 @@ class ServedModel:
     translator: Translator
     queue: BatchQueue
     checkpoints: list[str]
-    _variants: OrderedDict[tuple, Translator] = field(default_factory=OrderedDict)
 
     @property
     def source(self) -> str:
@@ -48,22 +45,6 @@ class ServedModel:
     @property
     def search(self) -> SearchConfig:
         return self.translator.search
-
-    def translator_for(self, search: SearchConfig) -> Translator:
-        """The model with `search`: its own translator for its own search; a fresh one
-        for sampling (its random stream starts at search.seed); else a kept variant."""
-        if search == self.translator.search:
-            return self.translator
-        if search.sampling:
-            return self.translator.with_search(search)
-        key = dataclasses.astuple(search)
-        found = self._variants.pop(key, None)
-        if found is None:
-            found = self.translator.with_search(search)
-            while len(self._variants) >= VARIANTS:
-                self._variants.popitem(last=False)
-        self._variants[key] = found
-        return found
 
     def describe(self) -> dict:
         return {
@@ -89,9 +70,9 @@ class ModelRegistry:
         cfg.validate()
         loaded: list[tuple[str | None, Translator, list[str]]] = []
         for spec in cfg.model_specs():
-            translator = Translator.load(
+            translator = Translator.from_checkpoint(
                 spec.checkpoint,
-                cfg.search_for(spec),
+                search=cfg.search_for(spec),
                 device=cfg.device,
                 precision=cfg.precision,
                 threads=cfg.threads,

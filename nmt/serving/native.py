@@ -9,20 +9,27 @@
     GET  /v1/models  -> {models: [{name, source, target, search}], api_key_required, limits}
 
 A text is one sentence, as for Translator.translate_batch, and the answers equal its
-answers. Wrong types are 422, malformed JSON 400, limits 413 (`{"error": message}`).
+answers: the search options a request may give are SearchConfig's (but use_cache, the
+server's choice), made into the request's search as a Translator call makes its own.
+Wrong types are 422, malformed JSON 400, limits 413 (`{"error": message}`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import typing
+from typing import Any, Optional
 
 from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from nmt.serving.config import SEARCH_KEYS
+from nmt.generation.config import SEARCH_OPTIONS, SearchConfig
 from nmt.serving.service import Service, translations_of
+
+# The search options a request may give: every one but use_cache, which changes how fast
+# the server decodes, not what it answers.
+REQUEST_SEARCH_OPTIONS = tuple(k for k in SEARCH_OPTIONS if k != "use_cache")
 
 
 class _Body(BaseModel):
@@ -34,31 +41,30 @@ class _Body(BaseModel):
     api_key: Optional[str] = Field(None, description="the server's API key, when it has one")
 
 
-class TranslateBody(_Body):
-    """POST /v1/translate. Search options left out are the model's."""
+def _search_fields() -> dict[str, Any]:
+    """Each request search option as an optional field of SearchConfig's type."""
+    types = typing.get_type_hints(SearchConfig)
+    return {
+        name: (Optional[types[name]], Field(None, description="the model's when left out"))
+        for name in REQUEST_SEARCH_OPTIONS
+    }
+
+
+_SearchOptions: Any = create_model("SearchOptions", __base__=_Body, **_search_fields())
+
+
+class TranslateBody(_SearchOptions):
+    """POST /v1/translate. Search options left out are the model's (GET /v1/models)."""
 
     texts: list[str] = Field(description="sentences to translate, one per text")
     prefixes: Optional[list[Optional[str]]] = Field(
         None, description="per text, a target prefix to force (null: none)"
     )
-    nbest: Optional[int] = Field(None, description="translations per text (at most beam)")
     return_scores: bool = Field(False, description="scores per translation and per piece")
     return_alignment: bool = Field(False, description="(source, target) piece alignments")
     return_attention: bool = Field(
         False, description="the best translation's cross-attention (for heatmaps)"
     )
-    beam: Optional[int] = None
-    lenpen: Optional[float] = None
-    max_len_a: Optional[float] = None
-    max_len_b: Optional[int] = None
-    min_len: Optional[int] = None
-    unkpen: Optional[float] = None
-    no_repeat_ngram_size: Optional[int] = None
-    sampling: Optional[bool] = None
-    sampling_topk: Optional[int] = None
-    sampling_topp: Optional[float] = None
-    temperature: Optional[float] = None
-    seed: Optional[int] = None
 
 
 class ScoreBody(_Body):
@@ -67,9 +73,6 @@ class ScoreBody(_Body):
     sources: list[str]
     targets: list[str]
     lenpen: Optional[float] = None
-
-
-OVERRIDABLE = tuple(k for k in SEARCH_KEYS if k in TranslateBody.model_fields and k != "nbest")
 
 
 def router(service: Service) -> APIRouter:
@@ -98,7 +101,7 @@ def router(service: Service) -> APIRouter:
         chars = sum(len(p) for p in body.prefixes or [] if p)
         service.check_size("texts", body.texts, extra_chars=chars)
         model = service.find(body.model, body.source, body.target)
-        search = service.search(model, {k: getattr(body, k) for k in OVERRIDABLE})
+        search = service.search(model, {k: getattr(body, k) for k in REQUEST_SEARCH_OPTIONS})
         pieces = service.source_pieces[model.name] if body.return_attention else None
         answer = await service.translate(
             model,
@@ -106,7 +109,6 @@ def router(service: Service) -> APIRouter:
             translations_of(body.return_scores, body.return_alignment, pieces),
             search=search,
             prefixes=body.prefixes,
-            nbest=body.nbest,
             alignment=body.return_alignment or body.return_attention,
         )
         return JSONResponse(

@@ -8,18 +8,17 @@ parse and shape answers.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nmt.errors import NmtError
-from nmt.generation.config import SearchConfig, check_min_len, check_nbest
+from nmt.generation.config import SearchConfig
 from nmt.generation.encoding import PieceNames, target_ids
 from nmt.generation.translator import TargetScore
-from nmt.serving.batching import SCORE, TRANSLATE, Closed, Job, QueueFull
-from nmt.serving.config import SEARCH_KEYS, ServeConfig
+from nmt.serving.batching import SCORE, Closed, Job, QueueFull
+from nmt.serving.config import ServeConfig
 from nmt.serving.errors import ApiError, bad_request, too_large
 from nmt.serving.models import ModelRegistry, ServedModel
 
@@ -92,19 +91,15 @@ class Service:
                 f"({self.cfg.max_request_sentences}); send them in several requests"
             )
 
-    def search(self, model: ServedModel, overrides: dict[str, Any]) -> SearchConfig:
-        """The model's search with the request's options over it, checked (400)."""
-        unknown = set(overrides) - set(SEARCH_KEYS)
-        if unknown:
-            raise bad_request(f"{sorted(unknown)[0]}: not a search option")
-        given = {k: v for k, v in overrides.items() if v is not None}
+    def search(self, model: ServedModel, options: Mapping[str, Any]) -> SearchConfig:
+        """The model's search with the request's search options over it (None: not
+        given), made as the Translator makes a call's (Translator.search_with) and within
+        max_beam; an error is a 400."""
+        given = {k: v for k, v in options.items() if v is not None}
         if not given:
             return model.search
-        search = dataclasses.replace(model.search, **given)
-        translator = model.translator
         try:
-            search.validate()
-            check_min_len(search, translator.max_source_positions, translator.max_target_positions)
+            search = model.translator.search_with(**given)
             self.cfg.check_beam(search.beam)
         except NmtError as exc:
             raise bad_request(str(exc)) from None
@@ -118,33 +113,24 @@ class Service:
         *,
         search: SearchConfig,
         prefixes: Sequence[str | None] | None = None,
-        nbest: int | None = None,
         alignment: bool = False,
         where: str = "texts",
     ) -> Answer:
-        """Translate `texts` (each one sentence) with `search` through the model's queue;
-        `finish(job)` builds the answer from job.results (hypotheses per text) in the
-        worker (texts_of, translations_of)."""
-        nbest = search.nbest if nbest is None else nbest
-        try:
-            check_nbest(nbest, search.beam)
-        except NmtError as exc:
-            raise bad_request(str(exc)) from None
+        """Translate `texts` (each one sentence) with `search` (Service.search: up to
+        search.nbest translations each) through the model's queue; `finish(job)` builds
+        the answer from job.results (hypotheses per text) in the worker (texts_of,
+        translations_of)."""
         if prefixes is not None and len(prefixes) != len(texts):
             raise bad_request(
                 f"prefixes: {len(prefixes)} of them for {len(texts)} texts; give one "
                 "prefix (or null) per text"
             )
-        translator = model.translator_for(search)
         job = Job(
-            translator,
-            # one translator per search (ServedModel keeps them): its identity is the search's
-            kind=(TRANSLATE, translator, alignment),
+            model.translator,
             texts=texts,
+            search=search,
             prefixes=prefixes,
-            nbest=nbest,
             alignment=alignment,
-            merge=not search.sampling,
             where=where,
             finish=finish,
         )
@@ -165,9 +151,9 @@ class Service:
                 "target per source"
             )
         job = Job(
-            model.translator_for(search),
-            kind=(SCORE, search.lenpen),
+            model.translator,
             texts=sources,
+            search=search,
             op=SCORE,
             targets=targets,
             where="sources",

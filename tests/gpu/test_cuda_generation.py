@@ -23,7 +23,7 @@ SENTENCES = [
 
 
 def _translator(checkpoint, device, precision="fp32", **search):
-    return Translator.load(checkpoint, SearchConfig(**search), device=device, precision=precision)
+    return Translator.from_checkpoint(checkpoint, device=device, precision=precision, **search)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 import shutil
 import sys
 from dataclasses import asdict
@@ -279,7 +280,7 @@ def test_errors_are_one_line_and_leave_no_output(ckpt, text, capsys, tmp_path, t
     short.write_text("one\n", encoding="utf-8")
     err = _error(capsys, f"checkpoint={ckpt}", f"input={text}", f"ref={short}")
     assert "1 lines" in err and "has 7" in err
-    assert "fp16" in _error(capsys, f"checkpoint={ckpt}", f"input={text}", "dtype=fp16")
+    assert "fp16" in _error(capsys, f"checkpoint={ckpt}", f"input={text}", "precision=fp16")
     assert "split=" in _error(capsys, f"checkpoint={ckpt}", f"input={tmp_path}")
     assert "nbest" in _error(capsys, f"checkpoint={ckpt}", "beam=2", "nbest=3")
     other = train_tokenizer(
@@ -336,6 +337,16 @@ def test_translator_equals_the_cli_line_for_line(trained, demo_text, capsys):
         capsys, f"checkpoint={trained}", f"input={demo_text}", "max_sentences=2", *SEARCH_ARGS
     )
     assert small == plain
+    # a call's own options: Translator.from_checkpoint(ck).translate(texts, beam=1) is
+    # nmt-generate ... beam=1; a sampling call starts from the seed, as the command does
+    greedy, _ = _generate(
+        capsys, f"checkpoint={trained}", f"input={demo_text}", *SEARCH_ARGS, "beam=1", "lenpen=0.5"
+    )
+    assert translator.translate(lines, beam=1, lenpen=0.5) == greedy
+    sampled, _ = _generate(
+        capsys, f"checkpoint={trained}", f"input={demo_text}", *SEARCH_ARGS, "sampling=true"
+    )
+    assert translator.translate(lines, sampling=True) == sampled
 
 
 def test_translate_batch_matches_the_fairseq_format(trained, demo_text, capsys):
@@ -470,15 +481,15 @@ def test_precision_and_its_deprecated_alias_dtype(trained, demo_text, capsys):
     assert "dtype" not in err
     alias, err = _generate(capsys, *base, "dtype=bf16")
     assert alias == precision
-    notes = [line for line in err.splitlines() if "dtype=" in line]
+    notes = [line for line in err.splitlines() if re.search(r"note: (dtype|precision)=", line)]
     alias_note = (
-        "nmt-generate: note: dtype= is now precision=; write precision=bf16 (dtype= will go away)"
+        "nmt-generate: note: dtype= is deprecated, renamed to precision= (removed in 0.3.0)"
     )
     if runtime.native_bf16(torch.device("cpu")):
         assert notes == [alias_note]
-    else:  # a CPU without bf16 instructions: the emulation note first, naming the key used
-        assert len(notes) == 2 and notes[1] == alias_note
-        assert notes[0].startswith("nmt-generate: note: dtype=bf16: this CPU has no native bf16")
+    else:  # a CPU without bf16 instructions: then the emulation note, under the new name
+        assert len(notes) == 2 and notes[0] == alias_note
+        assert notes[1].startswith("nmt-generate: note: precision=bf16: this CPU has no native")
     same, _ = _generate(capsys, *base, "precision=bf16", "dtype=bf16")
     assert same == precision
     err = _error(capsys, *base, "precision=bf16", "dtype=fp16")

@@ -242,11 +242,10 @@ def test_generate_paired_a_a_translates_alike(tiny_checkpoint, tmp_path):
 @needs_old_revision
 def test_translator_adapters_drive_the_old_and_the_current_api_alike(tiny_checkpoint):
     from benchmarks.generate import source_ids
-    from nmt.generation.config import SearchConfig
     from nmt.generation.translator import Translator
 
     old = common.import_revision(BEFORE_ISSUE_16).__name__
-    encoder = Translator.load(tiny_checkpoint, SearchConfig(), device="cpu")
+    encoder = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
     sources = source_ids(encoder, str(DEMO / "test.en"), 10)
     options = dict(beam=3, max_len_a=0.0, max_len_b=5, max_sentences=4)
     before = common.translator_of(old, tiny_checkpoint, **options)(sources)

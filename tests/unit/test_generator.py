@@ -268,15 +268,51 @@ def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
             )
 
 
-def test_cached_equals_uncached(model):
-    src = _pad(_sources([5, 13, 8], seed=3))
-    kw = dict(beam=4, nbest=2, max_len_b=10, no_repeat_ngram_size=3)
-    cached = SequenceGenerator([model], SearchConfig(**kw, use_cache=True)).generate(src)
-    full = SequenceGenerator([model], SearchConfig(**kw, use_cache=False)).generate(src)
-    tolerance = logprob_tolerance(model, _pairs(_sources([5, 13, 8], seed=3), cached))
+@pytest.fixture(scope="module")
+def other_model(model) -> Transformer:
+    torch.manual_seed(1)
+    return Transformer(model.cfg, src_vocab_size=40, tgt_vocab_size=40).eval()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(beam=4, nbest=2, no_repeat_ngram_size=3),
+        dict(beam=3, nbest=3, sampling=True, sampling_topk=8, temperature=0.8, seed=5),
+        dict(beam=3, nbest=2, prefix=True, min_len=3),
+        dict(beam=3, nbest=2, ensemble=True),
+        dict(beam=2, nbest=2, prefix=True, ensemble=True, attention=True),
+    ],
+    ids=["beam", "sampling", "prefix", "ensemble", "ensemble-prefix-attention"],
+)
+def test_cached_equals_uncached(model, other_model, case):
+    """Every phase of the search sees the same log-probabilities with the KV cache as
+    with the whole prefix decoded again: beam and sampling selection, forced prefixes,
+    ensembles, attention; and sentences finish and leave the batch alike."""
+    kw = dict(case, max_len_a=1.0, max_len_b=3)
+    prefix = torch.tensor([[7, 8], [PAD, PAD], [9, PAD]]) if kw.pop("prefix", False) else None
+    models = [model, other_model] if kw.pop("ensemble", False) else [model]
+    attn_layer = -1 if kw.pop("attention", False) else None
+    sources = _sources([5, 13, 8], seed=3)
+    cached, full = (
+        SequenceGenerator(models, SearchConfig(**kw, use_cache=use_cache)).generate(
+            _pad(sources), prefix, attn_layer=attn_layer
+        )
+        for use_cache in (True, False)
+    )
+    # (of logits / temperature <= 1: errors grow by 1/temperature)
+    tolerance = max(logprob_tolerance(m, _pairs(sources, cached)) for m in models)
+    tolerance /= kw.get("temperature", 1.0)
     for a, b in zip(cached, full):
         assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=tolerance)
+        if attn_layer is not None:
+            for x, y in zip(a, b):
+                assert torch.allclose(x.attention, y.attention, atol=1e-5)
+    if prefix is not None:
+        for hyps, pre in zip(cached, prefix.tolist()):
+            forced = [t for t in pre if t != PAD]
+            assert all(h.tokens.tolist()[: len(forced)] == forced for h in hyps)
 
 
 def test_ensemble_of_one_model_twice_is_the_model(model):

@@ -269,7 +269,7 @@ def test_native_prefixes_and_search_options(client, checkpoint, translator, text
     got = client.post("/v1/translate", json={"texts": texts[:3], "prefixes": prefixes}).json()
     want = translator.translate_batch(texts[:3], nbest=1, prefixes=prefixes)
     assert [r["translations"][0]["pieces"] for r in got["results"]] == [w[0].pieces for w in want]
-    options = {"beam": 2, "lenpen": 0.5, "no_repeat_ngram_size": 2}
+    options = {"beam": 2, "lenpen": 0.5, "no_repeat_ngram_size": 2, "min_len": 2, "unkpen": 1.0}
     got = client.post("/v1/translate", json={"texts": texts, **options}).json()
     other = Translator.from_checkpoint(checkpoint, device="cpu", **{**SEARCH, **options}).translate(
         texts
@@ -334,6 +334,7 @@ def test_native_wrong_types_are_422_bad_values_400(client):
         ({"texts": "one"}, "texts: "),
         ({"texts": ["a"], "beam": "5"}, "beam: "),
         ({"texts": ["a"], "colour": 1}, "colour: "),
+        ({"texts": ["a"], "use_cache": False}, "use_cache: "),  # the server's choice
         ({}, "texts: "),
     ):
         _error(client.post("/v1/translate", json=body), 422, needle)
@@ -368,6 +369,7 @@ def test_several_models_by_name(checkpoint, texts):
         models=[
             ModelSpec(name="base", checkpoint=str(checkpoint)),
             ModelSpec(name="greedy", checkpoint=str(checkpoint), search={"beam": 1}),
+            ModelSpec(name="sample", checkpoint=str(checkpoint), search={"sampling": True}),
         ],
     )
     models = ModelRegistry.load(cfg)
@@ -377,10 +379,18 @@ def test_several_models_by_name(checkpoint, texts):
             assert [(m["name"], m["search"]["beam"]) for m in listed] == [
                 ("base", 4),
                 ("greedy", 1),
+                ("sample", 4),
             ]
             greedy = Translator.from_checkpoint(checkpoint, device="cpu", **{**SEARCH, "beam": 1})
             got = client.post("/v1/translate", json={"texts": texts, "model": "greedy"}).json()
             assert [r["translations"][0]["text"] for r in got["results"]] == greedy.translate(texts)
+            # a sampling model: each request from the seed, whatever came before it
+            sampled = Translator.from_checkpoint(
+                checkpoint, device="cpu", **{**SEARCH, "sampling": True}
+            ).translate(texts)
+            for _ in range(2):
+                got = client.post("/v1/translate", json={"texts": texts, "model": "sample"})
+                assert [r["translations"][0]["text"] for r in got.json()["results"]] == sampled
             _error(client.post("/v1/translate", json={"texts": texts}), 400, "base, greedy")
             _error(client.post("/v1/translate", json={"texts": texts, "model": "x"}), 404, "greedy")
             lt = client.post("/translate", json={"q": texts[0], "source": "en", "target": "de"})

@@ -4,7 +4,6 @@ give up or fail leave the others alone, sampling jobs are reproducible."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -15,7 +14,7 @@ import pytest
 from nmt import Translator
 from nmt.errors import NmtError
 from nmt.generation.encoding import target_ids
-from nmt.serving.batching import SCORE, TRANSLATE, BatchQueue, Closed, Job, QueueFull
+from nmt.serving.batching import SCORE, BatchQueue, Closed, Job, QueueFull
 from tests.helpers import run_training, tiny_config
 from tests.rounding import text_logprob_tolerance
 
@@ -43,10 +42,12 @@ def texts(demo_corpus) -> list[str]:
     return lines
 
 
-def _job(translator: Translator, texts, **kw) -> Job:
-    search = translator.search
-    kw.setdefault("kind", (TRANSLATE, dataclasses.astuple(search), kw.get("alignment", False)))
-    return Job(translator, texts=texts, **kw)
+def _job(translator: Translator, texts, **options) -> Job:
+    """A job with the translator's search, `options` over it (as a request's; nbest=1
+    unless given)."""
+    kw = {k: options.pop(k) for k in ("kind", "finish", "alignment") if k in options}
+    search = translator.search_with(**{"nbest": 1, **options})
+    return Job(translator, texts=texts, search=search, **kw)
 
 
 def _pieces(translator: Translator, results) -> list[list[list[str]]]:
@@ -97,6 +98,22 @@ def test_concurrent_jobs_equal_direct_calls(translator, texts, queue_factory):
         assert all(len(h) == nbest for text, h in zip(part, results) if text)
     assert max(queue.batches) <= 8  # the batch limit holds
     assert len(queue.batches) < len(jobs)  # and jobs did share batches
+
+
+def test_jobs_with_other_searches_share_no_batch(translator, texts, queue_factory):
+    """Jobs whose searches differ (but in nbest) are decoded in batches of their own, each
+    as a Translator call with its options: batching changes no answer."""
+    queue = queue_factory(max_sentences=16, max_wait=0.5)
+    variants = [{}, dict(beam=2), dict(lenpen=0.6), dict(nbest=2), {}]
+    with queue._cond:  # queued together: the worker sees them all at once
+        futures = [queue.submit(_job(translator, texts[:4], **o)) for o in variants]
+    for options, future in zip(variants, futures):
+        want = translator.translate_batch(texts[:4], **{"nbest": 1, **options})
+        assert _pieces(translator, future.result(timeout=120)) == [
+            [t.pieces for t in per] for per in want
+        ]
+    # the default search's three jobs (nbest 1, 2, 1) shared one batch; the others, one each
+    assert sorted(queue.batches) == [4, 4, 12]
 
 
 def test_round_robin_lets_a_short_job_through(translator, texts, queue_factory):
@@ -186,11 +203,8 @@ def test_close_finishes_what_is_queued(translator, texts, queue_factory):
 
 def test_sampling_jobs_are_alone_and_reproducible(translator, checkpoint, texts, queue_factory):
     queue = queue_factory(max_wait=0.05)
-    sampling = dataclasses.replace(translator.search, sampling=True, seed=7, nbest=1)
-    jobs = [
-        _job(translator.with_search(sampling), texts[:5], kind=object(), merge=False)
-        for _ in range(3)
-    ]
+    jobs = [_job(translator, texts[:5], sampling=True, seed=7, nbest=1) for _ in range(3)]
+    assert not any(job.merge for job in jobs)
     with queue._cond:
         futures = [queue.submit(job) for job in jobs]
         plain = queue.submit(_job(translator, texts[5:9]))
@@ -206,13 +220,19 @@ def test_sampling_jobs_are_alone_and_reproducible(translator, checkpoint, texts,
 def test_score_jobs_equal_translator_score(translator, texts, queue_factory, demo_corpus):
     refs = (demo_corpus / "test.de").read_text(encoding="utf-8").splitlines()[: len(texts)]
     queue = queue_factory(max_wait=0.0)
-    job = Job(translator, kind=(SCORE, 1.0), texts=texts, op=SCORE, targets=refs)
+    job = Job(translator, texts=texts, op=SCORE, targets=refs)
     got = queue.submit(job).result(timeout=120)
     want = translator.score(texts, refs)
     tolerance = text_logprob_tolerance(translator, texts, refs)  # tests/rounding.py
     for h, w in zip(got, want):
         assert h.positional_scores.tolist() == pytest.approx(w.token_scores, abs=tolerance)
         assert h.score == pytest.approx(w.score, abs=tolerance)  # means (lenpen 1)
+    search = translator.search_with(lenpen=0.5)
+    halved = Job(translator, texts=texts, op=SCORE, targets=refs, search=search)
+    got = queue.submit(halved).result(timeout=120)
+    want = translator.score(texts, refs, lenpen=0.5)
+    for h, w in zip(got, want):
+        assert h.score == pytest.approx(w.score, abs=tolerance)
 
 
 def test_finish_runs_on_the_worker_and_answers(translator, texts, queue_factory):

@@ -47,7 +47,7 @@ def test_models_from_yaml_are_model_specs():
     "options, message",
     [
         (dict(port=70000), "port=70000: not a TCP port; use 1..65535, or 0 for any free port"),
-        (dict(host=""), "host=: empty; use 127.0.0.1"),
+        (dict(host=""), "host='': empty; use 127.0.0.1"),
         (dict(api_key=" "), "api_key=' ': empty; give a key, or null for no key"),
         (dict(max_wait_ms=-1.0), "max_wait_ms=-1.0: must not be negative"),
         (dict(request_timeout=0.0), "request_timeout=0: no request could finish"),
@@ -80,11 +80,15 @@ def test_models_from_yaml_are_model_specs():
         (dict(models=[ModelSpec("a.pt", "en/de")]), "models[0].name='en/de': not a usable name"),
         (
             dict(models=[ModelSpec("a.pt", search={"bem": 2})]),
-            "models[0].search.bem=2: not a search option; use beam, nbest",
+            "models[0].search.bem=2: not a search option; did you mean beam?",
         ),
         (
             dict(models=[ModelSpec("a.pt", search={"beam": 2, "nbest": 3})]),
             "models[0].search.nbest=3: must be between 1 and beam=2",
+        ),
+        (
+            dict(models=[ModelSpec("a.pt", search={"beam": "wide"})]),
+            "models[0].search.beam='wide': not a whole number; e.g. beam=5",
         ),
     ],
 )

@@ -211,16 +211,22 @@ def test_ids_in_equal_text_in(translator, demo_data_dir, demo_corpus):
 
 
 def test_concurrent_calls_equal_sequential_calls(checkpoint, texts):
+    """Also with each thread's own search options (PER_CALL, and none)."""
     translator = Translator.from_checkpoint(checkpoint, device="cpu", max_sentences=3, **SEARCH)
     jobs = [texts[i:] + texts[:i] for i in range(6)]
-    want = [_tokens(translator.translate_batch(job, return_scores=True)) for job in jobs]
+    options = [{}, *PER_CALL[:5]]
+
+    def call(i: int) -> list:
+        return _tokens(translator.translate_batch(jobs[i], return_scores=True, **options[i]))
+
+    want = [call(i) for i in range(len(jobs))]
     got: list = [None] * len(jobs)
     errors: list[BaseException] = []
 
     def work(i: int) -> None:
         try:
             for _ in range(3):
-                got[i] = _tokens(translator.translate_batch(jobs[i], return_scores=True))
+                got[i] = call(i)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -322,7 +328,7 @@ def _autocast_during_decoding(translator: Translator, texts: list[str]) -> set[b
 
 
 def test_half_weights_run_as_they_are_and_fp32_weights_under_autocast(checkpoint, texts):
-    """Weights already cast to bf16 (as Translator.load does on CUDA) decode without
+    """Weights already cast to bf16 (as from_checkpoint does on CUDA) decode without
     autocast, whose casts would only add kernels; fp32 weights with precision=bf16 decode
     under it. The cast weights give a finite best hypothesis for every source."""
     bf16 = Translator.from_checkpoint(checkpoint, device="cpu", precision="bf16", **SEARCH)
@@ -340,11 +346,75 @@ def test_half_weights_run_as_they_are_and_fp32_weights_under_autocast(checkpoint
     assert len(out) == len(texts) and all(math.isfinite(t[0].score) for t in out)
 
 
-def test_from_checkpoint_defaults_are_the_search_defaults():
+def test_the_search_options_are_searchconfigs_alone(checkpoint, tmp_path):
+    """from_checkpoint names no search option: SearchConfig is their one list, and its
+    defaults are a plain load's; a misspelled option is caught before loading."""
     params = inspect.signature(Translator.from_checkpoint).parameters
-    for f in fields(SearchConfig):
-        assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY
-        assert params[f.name].default == f.default, f.name
+    assert not {f.name for f in fields(SearchConfig)} & set(params)
+    assert Translator.from_checkpoint(checkpoint, device="cpu").search == SearchConfig()
+    given = Translator.from_checkpoint(
+        checkpoint, device="cpu", search=SearchConfig(beam=3, lenpen=0.6), lenpen=0.8
+    )
+    assert given.search == SearchConfig(beam=3, lenpen=0.8)
+    missing = tmp_path / "missing.pt"
+    for options, message in (
+        (dict(beem=4), "beem=4: not a search option; did you mean beam?"),
+        (dict(dtype="bf16"), "dtype=bf16: not a search option; use one of beam, nbest,"),
+        (dict(beam="4"), "beam='4': not a whole number; e.g. beam=5"),
+        (dict(lenpen=True), "lenpen=true: not a number; e.g. lenpen=1.0"),
+        (dict(sampling=1), "sampling=1: not true or false; e.g. sampling=false"),
+    ):
+        with pytest.raises(NmtError) as exc:
+            Translator.from_checkpoint(missing, **options)
+        assert str(exc.value).startswith(message), str(exc.value)
+
+
+PER_CALL = [
+    dict(beam=1, nbest=1),  # (nbest=2, the translator's, would need a wider beam)
+    dict(nbest=3),
+    dict(lenpen=0.6, max_len_a=0.0, max_len_b=3),
+    dict(min_len=2, no_repeat_ngram_size=2, unkpen=2.0),
+    dict(sampling=True, beam=2, nbest=2, sampling_topk=5, temperature=0.7, seed=3),
+    dict(sampling=True, beam=1, nbest=1, sampling_topp=0.9, seed=4, use_cache=False),
+]
+
+
+@pytest.mark.parametrize("options", PER_CALL, ids=lambda o: ",".join(o))
+def test_per_call_options_decode_as_a_translator_built_with_them(
+    checkpoint, translator, texts, options
+):
+    """A call's options override the translator's search for that call only, and decode
+    exactly as a translator loaded with them (sampling: from its seed, at every call)."""
+    built = Translator.from_checkpoint(
+        checkpoint, device="cpu", **{**SEARCH, "nbest": 2, **options}
+    )
+    want = built.translate_batch(texts, return_scores=True)
+    before = translator.search
+    for _ in range(2):  # a call with options starts its own sampling stream each time
+        got = translator.translate_batch(texts, return_scores=True, **options)
+        assert got == want
+    assert translator.translate(texts, **options) == [per[0].text for per in want]
+    pieces = [translator.src_tokenizer.encode(normalize_text(t, False)) for t in texts]
+    by_ids = translator.translate_ids([p + [EOS] if p else [] for p in pieces], **options)
+    assert [[h.score for h in x] or [0.0] for x in by_ids] == [[t.score for t in x] for x in want]
+    assert translator.search is before and translator.search == SearchConfig(nbest=2, **SEARCH)
+
+
+def test_per_call_options_are_checked_for_the_model(translator, texts, checkpoint):
+    for options, message in (
+        (dict(beem=2), "beem=2: not a search option; did you mean beam?"),
+        (dict(beam=0), "beam=0: must be 1 or more"),
+        (dict(nbest=5), "nbest=5: must be between 1 and beam=4"),
+        (dict(min_len=5000), "min_len=5000: more than the model's longest output"),
+        (dict(sampling_topk=3), "sampling_topk=3: applies to sampling only"),
+    ):
+        with pytest.raises(NmtError) as exc:
+            translator.translate(texts, **options)
+        assert str(exc.value).startswith(message), str(exc.value)
+    with pytest.raises(NmtError, match=r"^lenpen=nan: not a finite number"):
+        translator.score(texts[:1], texts[:1], lenpen=float("nan"))
+    built = Translator.from_checkpoint(checkpoint, device="cpu", lenpen=0.5)
+    assert translator.score(texts, texts, lenpen=0.5) == built.score(texts, texts)
 
 
 def test_importing_nmt_is_cheap():
