@@ -19,7 +19,7 @@ for a paired comparison with fairseq on the same machine.
 `--profile` then runs one more interval of each precision under torch's profiler and
 prints its operators by self time and where the time went (common.time_breakdown: matrix
 products, attention kernels, other operators, Python and dispatch), e.g. the recipe's
-step (docs/results.md, "Training"):
+step (docs/results.md, "Training speed on CPUs and GPUs"):
 
     .venv/bin/python -m benchmarks.train --data work/multi30k/data-bin/en_de_both \
         --set model.embed_dim=192 --set model.ffn_dim=768 --set model.dropout=0.2 \

@@ -223,7 +223,7 @@ def disable_cudnn_attention(device: torch.device) -> None:
     builds an execution plan on the host for every new shape. Token batching and beam
     search make new shapes all the time (every batch, every decoding step's batch size),
     so the GPU waited on the host: bf16 trained at 0.08x fp32 and translated at 0.18x
-    (docs/results.md, "On a GPU"). Flash and memory-efficient attention have no per-shape
+    (docs/journal/2026-11-26-gpu-h100.md). Flash and memory-efficient attention have no per-shape
     plan and take the same inputs."""
     if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -261,7 +261,7 @@ class Runtime:
         their launches, and autocast over fp32 weights adds a cast around every layer norm,
         softmax and matmul input at every step. With the weights cast once, bf16 and fp16
         beam search ran 1.0-1.5x as fast as under autocast on an H200, BLEU within 0.1
-        (docs/results.md, "On a GPU"); fairseq-generate --fp16 and CTranslate2 do the same.
+        (docs/journal/2026-11-26-gpu-h100.md); fairseq-generate --fp16 and CTranslate2 do the same.
         On the CPU autocast stays: casting the weights there was within noise."""
         if self.device.type != "cuda":
             return None

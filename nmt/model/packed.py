@@ -5,7 +5,7 @@ AMD CPU with AVX-512 it runs its AVX2 ones, at half the width. oneDNN (the op to
 CPU backend emits for a linear layer, torch.ops.mkldnn._linear_pointwise) uses AVX-512 on
 any vendor, and reads weights reordered once into its blocked layout. On a 2-vCPU Zen 5
 EPYC one thread multiplied 50 rows through a 192x768 layer 2.1x, and through an 8,000-word
-output layer 2.5x, as fast as F.linear (docs/results.md, "fp32 products on oneDNN").
+output layer 2.5x, as fast as F.linear (docs/journal/2026-11-28-fp32-onednn-zen5.md).
 CTranslate2 chooses the same way: MKL on Intel CPUs, oneDNN elsewhere.
 
 oneDNN costs a few microseconds more per call, which MKL undercuts on the smallest

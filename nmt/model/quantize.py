@@ -27,7 +27,7 @@ How a layer computes y = x W^T + b:
     r[m] / 127, stored as unsigned bytes with zero point 128) at a scale fixed here. On a
     Zen 4 EPYC the recipe's output layer ran 1.2x (64 rows) to 1.8x (320) as fast as on
     fbgemm, while on the small layers the quantizing here cost more than it saved
-    (docs/results.md, "oneDNN's int8 GEMM for the output layer"). Without VNNI it would
+    (docs/journal/2026-11-27-int8-onednn-vnni.md). Without VNNI it would
     saturate, as above.
 """
 

@@ -275,7 +275,7 @@ def test_a_dead_rank_makes_the_other_exit_with_a_clear_error(demo_data_dir, tmp_
     """Rank 1 dies with os._exit: a crash with no cleanup and no goodbye. Rank 0 prints
     one line and exits 2, and it leaves without the interpreter's teardown (its atexit
     hook never runs): in that teardown gloo's threads, left by the dead peer, could call
-    std::terminate and turn exit 2 into SIGABRT (docs/reliability.md item 12b)."""
+    std::terminate and turn exit 2 into SIGABRT (docs/journal/2026-11-26-reliability-diary.md, 12b)."""
     mark = f"import atexit, sys; atexit.register(print, {TEARDOWN_MARK!r}, file=sys.stderr)"
     with rendezvous_store() as port:
         procs = start_ranks_with_a_faulty_rank_1(
