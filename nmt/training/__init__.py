@@ -4,8 +4,9 @@
     from nmt.training.config import TrainConfig
     result = train(TrainConfig(data="data-bin/demo", save_dir="runs/demo"))
 
-`build_training(cfg)` returns the Trainer without running it (tests, benchmarks). The
-modules are imported on first call, so that `import nmt.training.config` stays cheap.
+`build_training(cfg)` returns the Trainer (the run's plain state) without running it, and
+`run(trainer)` trains it (tests, benchmarks). The modules are imported on first call, so
+that `import nmt.training.config` stays cheap.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
     return build(cfg, env)
 
 
+def run(trainer: Trainer) -> TrainResult:
+    """Train `trainer` until a stopping rule fires (nmt.training.loop.run); it always
+    leaves a resumable checkpoint_last.pt."""
+    from nmt.training.loop import run as run_loop
+
+    return run_loop(trainer)
+
+
 def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """Train, or resume from <save_dir>/checkpoint_last.pt, until a stopping rule fires.
 
@@ -33,4 +42,4 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     update in progress, with checkpoint_last.pt saved: the result says so (stop_reason
     "signal", and the signal's number).
     """
-    return build_training(cfg, env).run()
+    return run(build_training(cfg, env))
