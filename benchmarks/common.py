@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
+import functools
 import importlib
 import importlib.util
 import io
@@ -779,9 +781,27 @@ def rename_imports(source: str, name: str) -> str:
 
 def train_config(package: str, overrides: Sequence[str]) -> Any:
     """`package`'s TrainConfig composed from configs/train.yaml and `overrides`, by that
-    package's own config code (so each version gets its own defaults)."""
+    package's own config code (so each version gets its own defaults). Overrides use the
+    working tree's key names; a revision before TrainConfig's sections (0.1) gets the flat
+    names they replaced (valid_split=, log_interval=, ...)."""
     cli = importlib.import_module(f"{package}.cli")
+    schema = importlib.import_module(f"{package}.training.config").TrainConfig
+    if "validation" not in {f.name for f in dataclasses.fields(schema)}:
+        overrides = flat_train_overrides(overrides)
     return cli.to_dataclass(cli.compose_config("train", list(overrides)))
+
+
+def flat_train_overrides(overrides: Sequence[str]) -> list[str]:
+    """`overrides` with each sectioned nmt-train key (validation.split=) written with its
+    flat name of 0.1 (valid_split=), as nmt.config.DEPRECATED_KEYS maps them."""
+    from nmt.config import DEPRECATED_KEYS
+
+    flat = {new: old for old, (new, _) in DEPRECATED_KEYS["train"].items()}
+    renamed = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        renamed.append(f"{flat.get(key, key)}{sep}{value}")
+    return renamed
 
 
 @dataclass
@@ -793,15 +813,19 @@ class TrainerHandle:
 
     @classmethod
     def build(cls, package: str, cfg: Any) -> TrainerHandle:
-        """nmt.training.build_training(cfg) (the library, since issue 16), or, in
-        revisions before it (f3ffaaf), nmt.training.trainer.Trainer(cfg) and its
+        """nmt.training.build_training(cfg) and nmt.training.step.train_step over it (the
+        library since issue 47); its Trainer's train_step method (issue 16 to 0.1); or, in
+        revisions before issue 16 (f3ffaaf), nmt.training.trainer.Trainer(cfg) and its
         _train_step."""
         training = importlib.import_module(f"{package}.training")
         if hasattr(training, "build_training"):
             trainer = training.build_training(cfg)
         else:
             trainer = importlib.import_module(f"{package}.training.trainer").Trainer(cfg)
-        step = getattr(trainer, "train_step", None) or trainer._train_step
+        step = getattr(trainer, "train_step", None) or getattr(trainer, "_train_step", None)
+        if step is None:
+            steps = importlib.import_module(f"{package}.training.step")
+            step = functools.partial(steps.train_step, trainer)
         return cls(trainer, step)
 
 

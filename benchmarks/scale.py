@@ -132,11 +132,11 @@ def train_startup(data: Path, args: argparse.Namespace, pairs: int) -> dict[str,
         "device=cpu",
         f"threads={args.workers}",
         "max_update=1",
-        "log_interval=1",
-        "no_save=true",
-        "tensorboard=false",
-        "progress_bar=false",
-        "valid_split=''",
+        "logging.interval=1",
+        "checkpoint.no_save=true",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
+        "validation.split=''",
     ]
     result = run_command("train", argv, data.parent / f"train-{pairs}.log")
     events = [json.loads(line) for line in (save_dir / "train.jsonl").read_text().splitlines()]
@@ -154,10 +154,10 @@ def train_startup(data: Path, args: argparse.Namespace, pairs: int) -> dict[str,
 _DATA_RUNNER = """
 import json, resource, sys, time
 started = time.perf_counter()
-from nmt.training.config import TrainConfig
+from nmt.training.config import TrainConfig, ValidationConfig
 from nmt.training.data import load_train_data
 imported = time.perf_counter()
-data = load_train_data(TrainConfig(data=sys.argv[1], valid_split=""))
+data = load_train_data(TrainConfig(data=sys.argv[1], validation=ValidationConfig(split="")))
 batches = data.epoch_batches(1)
 done = time.perf_counter()
 print(json.dumps({"import_s": imported - started, "data_s": done - imported,

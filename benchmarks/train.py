@@ -5,9 +5,9 @@ Trains with the real training step (nmt.training.build_training, nothing saved) 
 `--log-interval` updates over the same batches (benchmarks.common.interleave), each with a
 Trainer and a dropout RNG stream of its own, so that the machine's drift hits them alike;
 the first `--warmup` updates are not measured, like fairseq's "wps". `--sequential` runs
-each precision's whole Trainer.run in turn and reads the throughput the loop logs. In the
-same process it measures the machine's matmul peak per precision, so the model FLOP/s can
-be read as a fraction of what the hardware does.
+each precision's whole training loop (nmt.training.run) in turn and reads the throughput
+the loop logs. In the same process it measures the machine's matmul peak per precision, so
+the model FLOP/s can be read as a fraction of what the hardware does.
 
 The default shape is the one of ../shared/bench/fairseq_peer.sh (transformer_small with
 shared embeddings, no attention/activation dropout, Adam + inverse_sqrt, max_tokens 4096),
@@ -147,7 +147,8 @@ def train_overrides(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """nmt-train overrides of the benchmark's run (`updates` 0: no limit), then `extra`
-    (KEY=VALUE). The same list serves every revision since f3ffaaf (benchmarks.train_paired)."""
+    (KEY=VALUE), in the working tree's key names (common.train_config renames them for
+    revisions before TrainConfig's sections, back to f3ffaaf: benchmarks.train_paired)."""
     overrides = [
         f"data={data}",
         f"save_dir={save_dir}",
@@ -156,18 +157,18 @@ def train_overrides(
         "optim.lr=1e-3",
         "optim.warmup_updates=1000",
         "optim.weight_decay=0.0001",
-        "label_smoothing=0.1",
+        "loss.label_smoothing=0.1",
         f"max_tokens={max_tokens}",
         f"precision={precision}",
         f"threads={threads}",
         f"device={device}",
         "seed=1",
         f"max_update={updates}",
-        f"log_interval={log_interval}",
-        "valid_split=''",
-        "no_save=true",
-        "tensorboard=false",
-        "progress_bar=false",
+        f"logging.interval={log_interval}",
+        "validation.split=''",
+        "checkpoint.no_save=true",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
     ]
     if fairseq_shape:
         overrides += [
@@ -209,8 +210,8 @@ def _check_epoch(batches: list, updates: int) -> None:
 
 
 def run_sequential(args: argparse.Namespace, precision: str) -> dict[str, Any]:
-    """One precision's whole Trainer.run; tokens/s as the loop logs it (train.jsonl)."""
-    from nmt.training import build_training
+    """One precision's whole training loop; tokens/s as the loop logs it (train.jsonl)."""
+    from nmt.training import build_training, run
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = common.train_config("nmt", _overrides(args, precision, Path(tmp)))
@@ -218,7 +219,7 @@ def run_sequential(args: argparse.Namespace, precision: str) -> dict[str, Any]:
         data = trainer.data.train
         batches = trainer.data.epoch_batches(1)
         _check_epoch(batches, args.updates)
-        result = trainer.run()
+        result = run(trainer)
         events = [json.loads(line) for line in (Path(tmp) / "train.jsonl").read_text().splitlines()]
         losses = _losses(Path(tmp))
     train = [e for e in events if e["type"] == "train"]
@@ -259,6 +260,7 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
     from nmt.training import build_training
     from nmt.training.checkpointing import rng_state, set_rng_state
     from nmt.training.loop import log_train
+    from nmt.training.step import train_step
 
     with tempfile.TemporaryDirectory() as tmp:
         trainers, rngs = [], []
@@ -293,7 +295,7 @@ def run_interleaved(args: argparse.Namespace, precisions: list[str]) -> list[dic
             def interval(turn: int) -> None:
                 set_rng_state(rngs[i])
                 for batch in chunks[turn]:
-                    trainers[i].train_step([batch])
+                    train_step(trainers[i], [batch])
                 rngs[i] = rng_state()
                 log_train(trainers[i], epoch=1)  # the interval's loss to train.jsonl
 
@@ -412,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sequential",
         dest="interleave",
         action="store_false",
-        help="run the precisions one after the other through Trainer.run (default: in "
+        help="run the precisions one after the other through nmt.training.run (default: in "
         "turns, one interval each, so that the machine's drift cannot skew their ratio)",
     )
     p.add_argument(

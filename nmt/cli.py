@@ -85,9 +85,14 @@ def _describe_config_error(exc: Exception, command: str = "") -> str:
 
     A key that was renamed gets a one-line hint to its new name instead.
     """
-    from nmt.config import RENAMED_KEYS
+    from nmt.config import DEPRECATED_KEYS, RENAMED_KEYS
 
-    renamed = RENAMED_KEYS.get(command, {})
+    # a deprecated name in a config file (the command line's are rewritten before composing)
+    renamed = {
+        old: (new, f"its old name works on the command line until {removal}")
+        for old, (new, removal) in DEPRECATED_KEYS.get(command, {}).items()
+    }
+    renamed.update(RENAMED_KEYS.get(command, {}))
     parts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(parts) < 3:

@@ -105,6 +105,46 @@ RENAMED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
 # (A renamed key that no longer works belongs in RENAMED_KEYS.)
 DEPRECATED_KEYS: dict[str, dict[str, tuple[str, str]]] = {
     "generate": {"dtype": ("precision", "0.3.0")},
+    # TrainConfig's flat keys of 0.1, now in sections (nmt.training.config)
+    "train": {
+        old: (new, "0.3.0")
+        for old, new in {
+            "valid_split": "validation.split",
+            "valid_max_pairs": "validation.max_pairs",
+            "valid_max_tokens": "validation.max_tokens",
+            "validate_interval_updates": "validation.interval_updates",
+            "validate_every_epoch": "validation.every_epoch",
+            "best_metric": "validation.best_metric",
+            "patience": "validation.patience",
+            "eval_bleu": "validation.bleu.enabled",
+            "eval_bleu_max_sentences": "validation.bleu.max_sentences",
+            "eval_bleu_beam": "validation.bleu.beam",
+            "eval_bleu_len_a": "validation.bleu.len_a",
+            "eval_bleu_len_b": "validation.bleu.len_b",
+            "save_interval_updates": "checkpoint.save_interval_updates",
+            "keep_last": "checkpoint.keep_last",
+            "keep_best": "checkpoint.keep_best",
+            "ema_decay": "checkpoint.ema_decay",
+            "no_save": "checkpoint.no_save",
+            "finetune_from": "resume.finetune_from",
+            "reset_optimizer": "resume.reset_optimizer",
+            "reset_lr_scheduler": "resume.reset_lr_scheduler",
+            "reset_dataloader": "resume.reset_dataloader",
+            "reset_data_check": "resume.reset_data_check",
+            "label_smoothing": "loss.label_smoothing",
+            "rdrop_alpha": "loss.rdrop_alpha",
+            "src_subword_alpha": "subword.src_alpha",
+            "tgt_subword_alpha": "subword.tgt_alpha",
+            "subword_nbest_size": "subword.nbest_size",
+            "fp16_init_scale": "fp16.init_scale",
+            "fp16_min_scale": "fp16.min_scale",
+            "clip_norm": "optim.clip_norm",
+            "log_interval": "logging.interval",
+            "progress_bar": "logging.progress_bar",
+            "tensorboard": "logging.tensorboard",
+            "ddp_timeout": "distributed.timeout",
+        }.items()
+    },
 }
 
 COMMANDS: dict[str, Callable[[], CommandSpec]] = {

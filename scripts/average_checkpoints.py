@@ -5,7 +5,7 @@ Prefer the console command, whose keys are the same options:
 
     nmt-average inputs=runs/m30k num_last=5 output=avg.pt
     python scripts/average_checkpoints.py --inputs runs/m30k --num-last 5 --output avg.pt
-    python scripts/average_checkpoints.py --inputs runs/m30k --num-best 3   # needs keep_best>=3
+    python scripts/average_checkpoints.py --inputs runs/m30k --num-best 3   # needs checkpoint.keep_best>=3
     python scripts/average_checkpoints.py --inputs a.pt b.pt c.pt --output avg.pt
 
 See configs/average.yaml and nmt.training.averaging for what is selected and written.

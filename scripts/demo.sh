@@ -33,14 +33,15 @@ touch "$W/.nmt-demo"
 start=$(date +%s)
 
 echo "== 1/4 preprocess data/demo -> $W/data-bin"
-"$BIN/nmt-preprocess" data.dest="$W/data-bin"
+"$BIN/nmt-preprocess" data.trainpref=data/demo/train data.validpref=data/demo/valid \
+  data.testpref=[data/demo/test] data.dest="$W/data-bin"
 
 echo "== 2/4 train transformer_tiny ($EPOCHS epochs) -> $W"
 # A short warmup and a high peak learning rate: the tiny model learns the demo task in a
 # few hundred updates.
 "$BIN/nmt-train" data="$W/data-bin" save_dir="$W" model=transformer_tiny \
   optim=adam_inverse_sqrt optim.lr=3e-3 optim.warmup_updates=100 max_tokens=2048 \
-  max_epoch="$EPOCHS" max_update="$MAX_UPDATE" log_interval=25 tensorboard=false \
+  max_epoch="$EPOCHS" max_update="$MAX_UPDATE" logging.interval=25 logging.tensorboard=false \
   threads="$THREADS"
 
 echo "== 3/4 translate the test split (beam $BEAM) -> $W/test.hyp.de"

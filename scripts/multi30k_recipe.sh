@@ -2,8 +2,8 @@
 # The Multi30k recipe, from raw text to a BLEU score with its sacrebleu signature:
 #   1. nmt-preprocess: joint unigram SentencePiece (VOCAB pieces, default 8k), binarized
 #      train/valid/test_2016_flickr
-#   2. nmt-train +experiment=multi30k_<src>_<tgt>: transformer_small at 192 dim, fairseq's standard
-#      recipe (configs/experiment/multi30k_*.yaml), stopped after max_time=1.0 hour
+#   2. nmt-train +experiment=multi30k: transformer_small at 192 dim, fairseq's standard
+#      recipe (configs/experiment/multi30k.yaml), stopped after max_time=1.0 hour
 #   3. nmt-average: average the last AVG numbered checkpoints (the final weights and the
 #      last epoch ends before them)
 #   4. nmt-generate: translate test_2016_flickr with beam BEAM, length penalty LENPEN
@@ -107,13 +107,13 @@ SMOKE_ARGS=()
 if [ "$SMOKE" = 1 ]; then
   N=${SMOKE_UPDATES:-60}
   # max_time stays: the recipe's schedule runs over it (max_update stops the run first)
-  SMOKE_ARGS=(max_update=$N save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
-              validate_interval_updates=$(( N / 2 > 0 ? N / 2 : 1 )) validate_every_epoch=false
-              keep_last=$AVG log_interval=$(( N / 6 > 0 ? N / 6 : 1 )))
+  SMOKE_ARGS=(max_update=$N checkpoint.save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
+              validation.interval_updates=$(( N / 2 > 0 ? N / 2 : 1 )) validation.every_epoch=false
+              checkpoint.keep_last=$AVG logging.interval=$(( N / 6 > 0 ? N / 6 : 1 )))
 fi
 say "training into $RUN"
 start=$(date +%s)
-nmt train +experiment=multi30k_${SRC}_${TGT} data="$DATA" save_dir="$RUN" \
+nmt train +experiment=multi30k data="$DATA" save_dir="$RUN" \
   ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"} "$@"
 say "training took $(( $(date +%s) - start )) s (this invocation)"
 

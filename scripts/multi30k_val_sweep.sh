@@ -15,7 +15,7 @@
 #            directions); with BOTH_WAYS=0, runs/<src>_<tgt>; all in $WORK
 #   AVGS     numbers of newest epoch checkpoints to average (default "3 5"; 1 = the last alone),
 #            or shares of the run's updates whose checkpoints to average ("0.4": the last 40%),
-#            or emaK: the moving averages of the weights (a run trained with ema_decay > 0)
+#            or emaK: the moving averages of the weights (a run trained with checkpoint.ema_decay > 0)
 #            saved in the newest K checkpoints, averaged ("ema1": the final one alone)
 #   BEAMS    beam sizes (default "5")      LENPENS  length penalties (default "1.0")
 # Every averaging is crossed with every beam and length penalty. Outputs go to

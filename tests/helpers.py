@@ -14,14 +14,21 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import is_dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.model.config import ModelConfig
-from nmt.training.config import OptimConfig, TrainConfig
+from nmt.training.config import (
+    CheckpointConfig,
+    LoggingConfig,
+    OptimConfig,
+    TrainConfig,
+    ValidationConfig,
+)
 
 TINY_MODEL = ModelConfig(
     embed_dim=16,
@@ -35,27 +42,36 @@ TINY_MODEL = ModelConfig(
 NO_DROPOUT = replace(TINY_MODEL, dropout=0.0)  # DDP tests: each rank has its own dropout stream
 
 
-def tiny_config(data_dir: Path, save_dir: Path, **overrides) -> TrainConfig:
-    """A TrainConfig that trains the tiny model for a few updates, without slow extras."""
-    model = overrides.pop("model", TINY_MODEL)
-    optim = overrides.pop("optim", OptimConfig(lr=1e-3, warmup_updates=4, warmup_init_lr=1e-4))
+def with_overrides(cfg: Any, **overrides: Any) -> Any:
+    """`dataclasses.replace` that reaches into sections: a dict value replaces only the keys
+    it names (`validation={"split": "test", "bleu": {"enabled": True}}`)."""
+    changes = {}
+    for key, value in overrides.items():
+        current = getattr(cfg, key)
+        if isinstance(value, dict) and is_dataclass(current):
+            value = with_overrides(current, **value)
+        changes[key] = value
+    return replace(cfg, **changes)
+
+
+def tiny_config(data_dir: Path, save_dir: Path, **overrides: Any) -> TrainConfig:
+    """A TrainConfig that trains the tiny model for a few updates, without slow extras;
+    `overrides` as in with_overrides."""
     base = TrainConfig(
         data=str(data_dir),
         save_dir=str(save_dir),
         train_split="valid",
-        valid_split="",
-        model=model,
-        optim=optim,
+        validation=ValidationConfig(split=""),
+        model=TINY_MODEL,
+        optim=OptimConfig(lr=1e-3, warmup_updates=4, warmup_init_lr=1e-4),
         max_tokens=500,
         device="cpu",
         threads=1,
         max_update=6,
-        log_interval=2,
-        progress_bar=False,
-        tensorboard=False,
-        keep_last=-1,
+        logging=LoggingConfig(interval=2, progress_bar=False, tensorboard=False),
+        checkpoint=CheckpointConfig(keep_last=-1),
     )
-    return replace(base, **overrides)
+    return with_overrides(base, **overrides)
 
 
 def cached_and_whole_decoding(model, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +220,7 @@ def batches_consumed(trainer) -> int:
 
 
 def assert_fp16_overflows_were_skipped(trainer, stderr: str, init_scale: float) -> None:
-    """After `trainer.run()` in fp16 from a loss scale of `init_scale` >= 2**17 (which
+    """After `run(trainer)` in fp16 from a loss scale of `init_scale` >= 2**17 (which
     overflows at once: the gold token's logit gradient, ~0.9 x the scale, exceeds fp16's
     largest number, 65504, down to a scale of 2**17): each overflow skipped its update,
     consumed its batches and halved the scale; no NaN/inf reached the weights."""

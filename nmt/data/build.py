@@ -91,6 +91,7 @@ def build_data_dir(
     receives progress messages (e.g. that a SentencePiece model is being trained).
     """
     cfg.validate()
+    assert cfg.data.dest is not None  # validate() requires it
     say = log or (lambda message: None)
     dest = Path(cfg.data.dest).expanduser()
     _check_dest(dest, cfg.overwrite)

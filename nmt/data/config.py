@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, option_error
 
 
 class ModelType(str, Enum):
@@ -47,18 +47,19 @@ class DataConfig:
 
     src: str = "en"  # source language: files are <prefix>.<src>
     tgt: str = "de"  # target language: files are <prefix>.<tgt>
-    trainpref: str = "data/demo/train"  # training text prefix (required)
-    validpref: Optional[str] = "data/demo/valid"  # stored as split "valid"; null: no valid split
+    trainpref: Optional[str] = None  # training text prefix (required)
+    validpref: Optional[str] = None  # stored as split "valid"; null: no valid split
     # test prefixes, any number; each is stored under its file name (test_2016_flickr, ...)
-    testpref: list[str] = field(default_factory=lambda: ["data/demo/test"])
+    testpref: list[str] = field(default_factory=list)
     # more training corpora, split name: prefix (+data.extra_train.clean=corpus/clean); cleaned
     # like train, sampled for SentencePiece with it, mixed in nmt-train by
     # train_split={train:1,clean:2}
     extra_train: dict[str, str] = field(default_factory=dict)
-    dest: str = "data-bin/demo"  # the data dir to write
+    dest: Optional[str] = None  # the data dir to write (required)
 
     def train_prefixes(self) -> list[tuple[str, str]]:
         """(split name, prefix) of the training corpora: train, then extra_train's."""
+        assert self.trainpref is not None, "validate() first: data.trainpref is required"
         return [("train", self.trainpref), *self.extra_train.items()]
 
     def split_prefixes(self) -> list[tuple[str, str]]:
@@ -82,12 +83,17 @@ class DataConfig:
                 f"data.tgt={self.tgt}: the same language as data.src; give two different ones"
             )
         if not self.trainpref:
-            raise NmtError(
-                f"data.trainpref={self.trainpref!r}: required; give the prefix of the "
-                f"training files (<prefix>.{self.src} and <prefix>.{self.tgt})"
+            raise option_error(
+                "data.trainpref",
+                self.trainpref,
+                "required",
+                f"give the prefix of the training files (<prefix>.{self.src} and "
+                f"<prefix>.{self.tgt}), e.g. data.trainpref=data/demo/train",
             )
         if not self.dest:
-            raise NmtError(f"data.dest={self.dest!r}: required; give the data dir to write")
+            raise option_error(
+                "data.dest", self.dest, "required", "give the data dir to write, e.g. data-bin/demo"
+            )
         for name, prefix in self.extra_train.items():
             if not name or name in ("train", "valid") or "/" in name or name.startswith("."):
                 raise NmtError(
@@ -233,8 +239,8 @@ class PreprocessConfig:
         """Raise NmtError naming the first option that cannot work."""
         if self.join:
             if not self.data.dest:
-                raise NmtError(
-                    f"data.dest={self.data.dest!r}: required; give the data dir to write"
+                raise option_error(
+                    "data.dest", self.data.dest, "required", "give the data dir to write"
                 )
             if len(set(self.join)) != len(self.join) or not all(self.join):
                 raise NmtError(

@@ -4,12 +4,13 @@
     from nmt.training.config import TrainConfig
     result = train(TrainConfig(data="data-bin/demo", save_dir="runs/demo"))
 
-`build_training(cfg)` returns the Trainer without running it (tests, benchmarks). The
-modules are imported on first call, so that `import nmt.training.config` stays cheap.
+`build_training(cfg)` returns the Trainer (the run's plain state) without running it, and
+`run(trainer)` trains it (tests, benchmarks). The modules are imported on first call, so
+that `import nmt.training.config` stays cheap.
 
 config.py         TrainConfig and its optim group; AverageConfig
 build.py          build_training: everything a run needs, ready to train or to resume
-trainer.py        the Trainer: everything one run holds
+trainer.py        the Trainer: the plain state of one run
 loop.py           epochs, stopping rules, and the logging, validation and checkpoint cadence
 step.py           one optimizer update: forward/backward, loss scaling, clipping, OOM skips
 state.py          train_state in checkpoints; resuming and fine-tuning from one
@@ -45,6 +46,14 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
     return build(cfg, env)
 
 
+def run(trainer: Trainer) -> TrainResult:
+    """Train `trainer` until a stopping rule fires (nmt.training.loop.run); it always
+    leaves a resumable checkpoint_last.pt."""
+    from nmt.training.loop import run as run_loop
+
+    return run_loop(trainer)
+
+
 def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """Train, or resume from <save_dir>/checkpoint_last.pt, until a stopping rule fires.
 
@@ -52,4 +61,4 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     update in progress, with checkpoint_last.pt saved: the result says so (stop_reason
     "signal", and the signal's number).
     """
-    return build_training(cfg, env).run()
+    return run(build_training(cfg, env))

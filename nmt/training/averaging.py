@@ -1,8 +1,8 @@
 """Checkpoint averaging (nmt-average, fairseq's scripts/average_checkpoints.py): pick a run's
 newest or best checkpoints, or take listed files, and write one checkpoint whose weights are
 their mean: of the trained weights, or (weights=ema) of the moving averages a run with
-ema_decay > 0 keeps in its checkpoints. The result has no train_state: start a new run
-from it with finetune_from=.
+checkpoint.ema_decay > 0 keeps in its checkpoints. The result has no train_state: start a new run
+from it with resume.finetune_from=.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from nmt.errors import NmtError
 from nmt.training.checkpointing import CheckpointManager
 from nmt.training.config import BEST_METRICS, AverageConfig
 
-_NUMBERED = "numbered checkpoints (checkpoint_<epoch>_<update>.pt, kept: keep_last)"
-_BEST = "checkpoint.best_<metric>_<value>.pt files (kept: keep_best)"
+_NUMBERED = "numbered checkpoints (checkpoint_<epoch>_<update>.pt, kept: checkpoint.keep_last)"
+_BEST = "checkpoint.best_<metric>_<value>.pt files (kept: checkpoint.keep_best)"
 
 
 @dataclass
@@ -111,8 +111,9 @@ def select_last_fraction(run_dir: Path, fraction: float) -> list[Path]:
         if oldest - spacing >= max(start, 1):
             raise NmtError(
                 f"last_fraction={fraction}: the window starts at update {start:.0f}, but "
-                f"{run_dir}'s oldest numbered checkpoint is from update {oldest} (keep_last "
-                "deleted the ones before); train with a larger keep_last, or ask for less"
+                f"{run_dir}'s oldest numbered checkpoint is from update {oldest} "
+                "(checkpoint.keep_last deleted the ones before); train with a larger "
+                "checkpoint.keep_last, or ask for less"
             )
     return [p for _, p in inside]
 
@@ -162,13 +163,13 @@ def average_checkpoints(paths: list[Path], weights: str = "model") -> dict[str, 
 
 def checkpoint_weights(ckpt: dict[str, Any], path: Path, weights: str) -> dict[str, Any]:
     """The state dict `weights` names in `ckpt`: its trained weights ("model"), or the
-    moving average a run with ema_decay > 0 saved in its train_state ("ema")."""
+    moving average a run with checkpoint.ema_decay > 0 saved in its train_state ("ema")."""
     if weights == "model":
         return ckpt["model"]
     ema = (ckpt.get("train_state") or {}).get("ema")
     if ema is None:
         raise NmtError(
             f"{path}: holds no moving average of its weights (weights=ema reads the "
-            "checkpoints of a run trained with ema_decay > 0); use weights=model"
+            "checkpoints of a run trained with checkpoint.ema_decay > 0); use weights=model"
         )
     return ema["weights"]

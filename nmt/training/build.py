@@ -4,7 +4,7 @@ In order: the config's own checks, the place of save_dir, device and precision
 (nmt.runtime), the process group under torchrun, save_dir's lock (nmt.training.run_dir),
 the data (checked against its meta.json), the model (the same initial weights on every
 rank), optimizer, schedule and loss scaler, then the restore from checkpoint_last.pt (or
-finetune_from) with its compatibility checks, and last the DDP wrapper and the logs.
+resume.finetune_from) with its compatibility checks, and last the DDP wrapper and the logs.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def build_training(cfg: TrainConfig, env: DistEnv | None = None) -> Trainer:
         local_rank=env.local_rank,
         distributed=env.is_distributed,
     )
-    distributed.init_process_group(env, rt.device, cfg.ddp_timeout)
+    distributed.init_process_group(env, rt.device, cfg.distributed.timeout)
     try:
         run_lock, notes = lock_run_dir(cfg, env)  # before anything is written or deleted
         try:
@@ -71,18 +71,18 @@ def _build(
     scheduler = build_scheduler(
         optimizer, cfg.optim, max_update=cfg.max_update, max_time=cfg.max_time
     )
-    scaler = LossScaler(cfg.fp16_init_scale, enabled=rt.precision == "fp16")
-    maximize = cfg.best_metric == "bleu"
-    best = BestTracker(cfg.best_metric, maximize)
+    scaler = LossScaler(cfg.fp16.init_scale, enabled=rt.precision == "fp16")
+    maximize = cfg.validation.best_metric == "bleu"
+    best = BestTracker(cfg.validation.best_metric, maximize)
     checkpoints = CheckpointManager(
-        cfg.save_dir,
-        keep_last=cfg.keep_last,
-        keep_best=cfg.keep_best,
-        metric=cfg.best_metric,
+        cfg.run_dir(),
+        keep_last=cfg.checkpoint.keep_last,
+        keep_best=cfg.checkpoint.keep_best,
+        metric=cfg.validation.best_metric,
         maximize=maximize,
     )
     progress = Progress()
-    ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    ema = WeightEMA(model, cfg.checkpoint.ema_decay) if cfg.checkpoint.ema_decay > 0 else None
     if env.is_distributed:  # every rank resumes, or none: save_dir must be shared
         distributed.check_shared(checkpoints.last_path, env)
     restored, copies_of_last = restore(
@@ -109,12 +109,13 @@ def _build(
             gradient_as_bucket_view=True,
         )
     logger = TrainLogger(
-        cfg.save_dir,
+        cfg.run_dir(),
         enabled=env.is_main,
-        progress_bar=cfg.progress_bar,
-        tensorboard=cfg.tensorboard,
+        progress_bar=cfg.logging.progress_bar,
+        tensorboard=cfg.logging.tensorboard,
         start_update=progress.num_updates,
     )
+    notes = [*cfg.notes(), *notes]  # e.g. a max_time that reads like minutes
     if rt.note:  # what precision=auto chose, or that bf16 is emulated here
         notes = [rt.note, *notes]
     for line in notes + data.notes + ([restored] if restored else []):
@@ -133,7 +134,7 @@ def _build(
         checkpoints=checkpoints,
         progress=progress,
         logger=logger,
-        meter=TrainMeter(rt.device, rt.precision, report_kl=cfg.rdrop_alpha > 0),
+        meter=TrainMeter(rt.device, rt.precision, report_kl=cfg.loss.rdrop_alpha > 0),
         ema=ema,
         last_saved_update=progress.num_updates if checkpoints.last_path.exists() else -1,
         copies_of_last=copies_of_last,

@@ -2,10 +2,10 @@
 
 Files in the run dir:
     checkpoint_last.pt                 every save; what a re-run resumes from
-    checkpoint_best.pt                 the best validation so far (best_metric)
-    checkpoint_<epoch>_<update>.pt     at epoch ends and every save_interval_updates;
-                                       the newest keep_last are kept
-    checkpoint.best_<metric>_<v>.pt    the keep_best best validations
+    checkpoint_best.pt                 the best validation so far (validation.best_metric)
+    checkpoint_<epoch>_<update>.pt     at epoch ends and every checkpoint.save_interval_updates;
+                                       the newest checkpoint.keep_last are kept
+    checkpoint.best_<metric>_<v>.pt    the checkpoint.keep_best best validations
 The state is serialised once (atomically, by nmt.checkpoint.save_checkpoint) into
 checkpoint_last.pt; the other names of that save are copies of it (nmt.fsutil.atomic_copy:
 in the kernel, a reflink where the file system shares extents), put in place by an atomic
@@ -163,7 +163,7 @@ class BestTracker:
         return {"metric": self.metric, "best": self.best, "bad_validations": self.bad_validations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("metric") == self.metric:  # a changed best_metric starts afresh
+        if state.get("metric") == self.metric:  # a changed validation.best_metric starts afresh
             self.best = state["best"]
             self.bad_validations = int(state["bad_validations"])
 

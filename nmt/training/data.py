@@ -35,8 +35,8 @@ from nmt.data.batching import (
 from nmt.data.dataset import ConcatSequences, PairDataset, load_pair_dataset, open_side
 from nmt.data.meta import DataMeta, load_meta
 from nmt.data.subword_sampling import SubwordSampler
-from nmt.errors import NmtError
-from nmt.training.config import TrainConfig, setting
+from nmt.errors import NmtError, option_error
+from nmt.training.config import TrainConfig
 from nmt.training.identity import checked_tokenizers, read_splits, split_counts
 from nmt.vocab import SPECIAL_IDS
 
@@ -206,8 +206,8 @@ _NO_SENTENCES = _NoSentences()
 def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
     """Read `cfg.data`: check meta.json and the tokenizers, open the training corpora
     (their shards of `epoch`) and the valid split."""
-    meta = load_meta(cfg.data)
-    meta_json = Path(cfg.data) / "meta.json"
+    meta = load_meta(cfg.data_dir())
+    meta_json = Path(cfg.data_dir()) / "meta.json"
     if meta.special_ids != SPECIAL_IDS:
         raise NmtError(
             f"{meta_json}: special_ids {meta.special_ids} differ from nmt's {SPECIAL_IDS}; "
@@ -241,18 +241,19 @@ def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
         read_splits=read_splits(cfg),
         _tgt_tokenizer=tgt_tokenizer,
     )
-    if cfg.valid_split and cfg.valid_split not in meta.splits:
-        raise NmtError(
-            f"{setting('valid_split', cfg.valid_split)}: {meta_json} has no such split (it "
-            f"has {', '.join(sorted(meta.splits))}); choose one of them, or set "
-            "valid_split=null to train without validation"
+    if cfg.validation.split and cfg.validation.split not in meta.splits:
+        raise option_error(
+            "validation.split",
+            cfg.validation.split,
+            f"{meta_json} has no such split (it has {', '.join(sorted(meta.splits))})",
+            "choose one of them, or set validation.split=null to train without validation",
         )
     data.load_epoch(epoch)
     data.notes[:0] = notes
-    if cfg.subword_sampling():
+    if cfg.subword.sampling():
         _set_up_sampling(data, cfg)
-    if cfg.valid_split:
-        _load_valid(data, cfg, cfg.valid_split)
+    if cfg.validation.split:
+        _load_valid(data, cfg, cfg.validation.split)
     return data
 
 
@@ -266,15 +267,15 @@ def _set_up_sampling(data: TrainData, cfg: TrainConfig) -> None:
         Tokenizer(data.tokenizer_bytes["src"], name=f"{cfg.data} source tokenizer"),
         Tokenizer(data.tokenizer_bytes["tgt"], name=f"{cfg.data} target tokenizer"),
     )
-    alphas = (cfg.src_subword_alpha, cfg.tgt_subword_alpha)
-    data.sampler = SubwordSampler(tokenizers, alphas, cfg.subword_nbest_size, cfg.seed)
+    alphas = (cfg.subword.src_alpha, cfg.subword.tgt_alpha)
+    data.sampler = SubwordSampler(tokenizers, alphas, cfg.subword.nbest_size, cfg.seed)
     factor = data.sampler.packing_factor(data.train, data.train_indices)
     data.packing_tokens = max(1, int(cfg.max_tokens / factor))
     sides = " and ".join(
         f"{side} alpha {alpha:g}" for side, alpha in zip(("source", "target"), alphas) if alpha
     )
     data.notes.append(
-        f"train: subword sampling ({sides}, nbest {cfg.subword_nbest_size}): sampled pairs "
+        f"train: subword sampling ({sides}, nbest {cfg.subword.nbest_size}): sampled pairs "
         f"are {factor:.2f}x longer (95th percentile), so batches are packed to "
         f"{data.packing_tokens} stored tokens to keep within max_tokens={cfg.max_tokens}"
     )
@@ -310,17 +311,17 @@ def _filter_train(
 
 
 def _load_valid(data: TrainData, cfg: TrainConfig, split: str) -> None:
-    """The valid split (its first valid_max_pairs pairs) must fit the model whole: its line
-    numbers are the raw file's."""
+    """The valid split (its first validation.max_pairs pairs) must fit the model whole: its
+    line numbers are the raw file's."""
     m = cfg.model
     info = data.meta.splits[split]
     valid = load_pair_dataset(
-        cfg.data,
+        cfg.data_dir(),
         split,
         data.meta.src_lang,
         data.meta.tgt_lang,
         shards=info.shards,
-        limit=cfg.valid_max_pairs or None,
+        limit=cfg.validation.max_pairs or None,
         dtype=data.meta.dtype,
     )
     too_long = (valid.src_sizes > m.max_source_positions) | (
@@ -334,10 +335,10 @@ def _load_valid(data: TrainData, cfg: TrainConfig, split: str) -> None:
             f"{m.max_target_positions}); raise model.max_*_positions or filter "
             "the valid set in nmt-preprocess"
         )
-    if cfg.valid_max_pairs and info.kept > cfg.valid_max_pairs:
+    if cfg.validation.max_pairs and info.kept > cfg.validation.max_pairs:
         data.notes.append(
             f"valid: the first {len(valid)} of {info.kept} pairs of {split} "
-            f"(valid_max_pairs={cfg.valid_max_pairs})"
+            f"(validation.max_pairs={cfg.validation.max_pairs})"
         )
     indices = np.arange(len(valid), dtype=np.int64)
     data.valid = valid
@@ -345,7 +346,7 @@ def _load_valid(data: TrainData, cfg: TrainConfig, split: str) -> None:
         indices,
         valid.src_sizes,
         valid.tgt_sizes,
-        max_tokens=cfg.valid_max_tokens or cfg.max_tokens,
+        max_tokens=cfg.validation.max_tokens or cfg.max_tokens,
         max_sentences=cfg.max_sentences,
     )
-    data.bleu_indices = indices[: cfg.eval_bleu_max_sentences or len(valid)]
+    data.bleu_indices = indices[: cfg.validation.bleu.max_sentences or len(valid)]

@@ -1,4 +1,4 @@
-"""An exponential moving average of the weights (`ema_decay`; fairseq's --ema-decay,
+"""An exponential moving average of the weights (`checkpoint.ema_decay`; fairseq's --ema-decay,
 Marian's --exponential-smoothing, OpenNMT-py's -average_decay).
 
 After every update the average moves toward the weights: ema = d * ema + (1 - d) * w. The

@@ -5,12 +5,12 @@ data it meets is not what it was built or trained on:
 - at every start, the data dir against its own meta.json: each SentencePiece model's
   sha256 (a model swapped after preprocessing pairs the stored ids with other pieces, and
   the checkpoints would carry it to generation) and the vocabulary sizes (nmt.data.tokenizer);
-- on resume (and for finetune_from), the checkpoint's `data` entry against the data dir:
+- on resume (and for resume.finetune_from), the checkpoint's `data` entry against the data dir:
   the tokenizers themselves, languages, normalization, vocabulary sizes and, for the splits
   the run reads, their pair and token counts (another corpus with the same vocabulary
   trains silently on the wrong data otherwise).
 
-A difference is an NmtError saying what differs, unless `reset_data_check=true` asks to
+A difference is an NmtError saying what differs, unless `resume.reset_data_check=true` asks to
 train on this data dir all the same: then it is a note in the log, and the following
 checkpoints record the new identity. Vocabulary sizes are never waived: no model of one
 size loads the weights of another.
@@ -29,15 +29,15 @@ from nmt.data.tokenizer import Tokenizer, load_tokenizers
 from nmt.errors import NmtError
 from nmt.training.config import TrainConfig
 
-OPTION = "reset_data_check=true"
+OPTION = "resume.reset_data_check=true"
 
 
 def accept_or_refuse(cfg: TrainConfig, notes: list[str], remedy: str) -> Callable[[str], None]:
-    """What to do with a difference: note it (reset_data_check=true) or refuse it, saying
+    """What to do with a difference: note it (resume.reset_data_check=true) or refuse it, saying
     `remedy` or the option."""
 
     def handle(what: str) -> None:
-        if cfg.reset_data_check:
+        if cfg.resume.reset_data_check:
             notes.append(f"{what}; going on as {OPTION} asks")
         else:
             raise NmtError(f"{what}: {remedy}, or set {OPTION} to train with it anyway")
@@ -50,12 +50,12 @@ def checked_tokenizers(
 ) -> tuple[Tokenizer, Tokenizer]:
     """The data dir's (source, target) tokenizers, checked against its meta.json."""
     changed = accept_or_refuse(cfg, notes, "rebuild the data dir with nmt-preprocess")
-    return load_tokenizers(cfg.data, meta, changed=changed)
+    return load_tokenizers(cfg.data_dir(), meta, changed=changed)
 
 
 def read_splits(cfg: TrainConfig) -> list[str]:
     """The splits a run of `cfg` reads: its training corpora and its valid split."""
-    return list(cfg.train_weights()) + ([cfg.valid_split] if cfg.valid_split else [])
+    return list(cfg.train_weights()) + ([cfg.validation.split] if cfg.validation.split else [])
 
 
 def split_counts(meta: DataMeta, splits: list[str]) -> dict[str, dict[str, int]]:
@@ -84,7 +84,7 @@ def check_checkpoint_data(
     notes: list[str],
 ) -> None:
     """`ckpt` (at `path`) must have been trained on data like cfg.data's. Resuming compares
-    everything; finetune_from only what the weights depend on (vocabularies, tokenizers):
+    everything; resume.finetune_from only what the weights depend on (vocabularies, tokenizers):
     a new corpus and other languages are what fine-tuning is for."""
     info = ckpt.get("data") or {}
     for key in ("src_vocab_size", "tgt_vocab_size"):
@@ -118,7 +118,7 @@ def check_checkpoint_data(
             if key in info and info[key] != value:
                 differences.append(f"{key} {info[key]!r} in the checkpoint, {value!r} here")
         saved_splits = info.get("splits") or {}
-        # splits the run reads no more (train_split or valid_split changed) are not compared
+        # splits the run reads no more (train_split or validation.split changed) are not compared
         now = split_counts(meta, [s for s in read_splits(cfg) if s in saved_splits])
         for name, counts in now.items():
             if saved_splits[name] != counts:

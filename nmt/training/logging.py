@@ -105,7 +105,7 @@ class TrainLogger:
             self.bar = None
 
     def train(self, update: int, epoch: int, metrics: dict[str, float]) -> None:
-        """Logged every log_interval updates: jsonl, TensorBoard, bar postfix, one line."""
+        """Logged every logging.interval updates: jsonl, TensorBoard, bar postfix, one line."""
         if not self.enabled:
             return
         self.event("train", update=update, epoch=epoch, **metrics)

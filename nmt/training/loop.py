@@ -8,16 +8,14 @@ from __future__ import annotations
 import signal
 import threading
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from nmt import distributed
 from nmt.fsutil import atomic_write_text
-from nmt.training import state
-
-if TYPE_CHECKING:
-    from nmt.training.trainer import Trainer
+from nmt.training import state, step, validation
+from nmt.training.trainer import Trainer, training_seconds
 
 
 @dataclass
@@ -142,7 +140,7 @@ def _train(t: Trainer, signals: StopSignals) -> TrainResult:
         )
         while stop is None:
             group = batches[progress.position : progress.position + group_size]
-            t.train_step(group)
+            step.train_step(t, group)
             progress.position += len(group)
             end_of_epoch = progress.position >= len(batches)
             finished_epoch = progress.epoch
@@ -162,7 +160,7 @@ def _train(t: Trainer, signals: StopSignals) -> TrainResult:
         best=t.best.best,
         oom_skipped=t.oom_skips,
     )
-    best = "" if t.best.best is None else f"; best {cfg.best_metric} {t.best.best:.4f}"
+    best = "" if t.best.best is None else f"; best {cfg.validation.best_metric} {t.best.best:.4f}"
     ooms = f"; {t.oom_skips} updates skipped (out of memory)" if t.oom_skips else ""
     t.logger.message(f"stopped ({stop}) after {progress.num_updates} updates{best}{ooms}")
     return TrainResult(
@@ -192,29 +190,33 @@ def after_update(
         stop = "max_epoch"
     elif time_up:
         stop = "max_time"
-    if (u % cfg.log_interval == 0 or end_of_epoch or stop) and t.meter.updates:
+    if (u % cfg.logging.interval == 0 or end_of_epoch or stop) and t.meter.updates:
         log_train(t, finished_epoch)
     do_valid = (
         t.data.valid is not None
         and stop != "signal"
         and (
-            (cfg.validate_interval_updates and u % cfg.validate_interval_updates == 0)
-            or (end_of_epoch and cfg.validate_every_epoch)
+            (cfg.validation.interval_updates and u % cfg.validation.interval_updates == 0)
+            or (end_of_epoch and cfg.validation.every_epoch)
             or stop in ("max_update", "max_time")
         )
     )
     best_value = None
     if do_valid:
-        metrics = t.validate()
-        value = metrics[cfg.best_metric]
+        metrics = validation.validate(t)
+        value = metrics[cfg.validation.best_metric]
         if t.best.update(value):
             best_value = value
         metrics["best"] = t.best.best
         t.logger.valid(u, finished_epoch, metrics)
-        if cfg.patience and t.best.bad_validations >= cfg.patience and stop is None:
+        if (
+            cfg.validation.patience
+            and t.best.bad_validations >= cfg.validation.patience
+            and stop is None
+        ):
             stop = "patience"
             t.logger.message(
-                f"patience: {cfg.best_metric} did not improve in {cfg.patience} validations"
+                f"patience: {cfg.validation.best_metric} did not improve in {cfg.validation.patience} validations"
             )
     state.save_after_update(
         t,
@@ -229,7 +231,7 @@ def after_update(
 def _agree_to_stop(t: Trainer, signals: StopSignals) -> tuple[bool, bool]:
     """(signal seen, time up), agreed by all ranks so that they stop at the same update
     (on the host: the GPUs keep their queues of work)."""
-    time_up = bool(t.cfg.max_time) and t.training_seconds() / 3600.0 >= t.cfg.max_time
+    time_up = bool(t.cfg.max_time) and training_seconds(t) / 3600.0 >= t.cfg.max_time
     if not t.env.is_distributed:
         return signals.received is not None, time_up
     flags = distributed.all_reduce_host([int(signals.received is not None), int(time_up)], "max")
@@ -242,7 +244,7 @@ def _agree_to_stop(t: Trainer, signals: StopSignals) -> tuple[bool, bool]:
 def log_train(t: Trainer, epoch: int) -> None:
     """The figures since the last log line, to every log channel (a collective)."""
     metrics: dict[str, float] = t.meter.summary()
-    metrics["wall"] = round(t.training_seconds(), 1)
+    metrics["wall"] = round(training_seconds(t), 1)
     if t.scheduler.by_time:  # the share of max_time the latest update's lr was set at
         metrics["budget"] = t.meter.schedule_position
     if t.scaler.enabled:

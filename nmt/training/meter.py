@@ -65,7 +65,7 @@ class TrainMeter:
             raise NmtError(
                 f"update {bad}: the loss or gradient is not finite (NaN/inf) in "
                 f"precision={self.precision}; checkpoint_last.pt holds the last good "
-                "state: lower optim.lr, set clip_norm, or raise optim.warmup_updates"
+                "state: lower optim.lr, set optim.clip_norm, or raise optim.warmup_updates"
             )
 
     def summary(self) -> dict[str, float]:

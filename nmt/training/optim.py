@@ -5,7 +5,7 @@ done (fairseq's convention: the first update uses `lr_at(0)` = warmup_init_lr), 
 `optim.schedule_unit=time`, the fraction of the time budget (max_time) used so far, in
 [0, 1]. Warmup and decay are given in the same unit (updates, or fractions of the budget).
 `LRScheduler` turns a run's counters into that position: it adds the offset that lets
-`reset_lr_scheduler` restart a schedule in the middle of a run, and has
+`resume.reset_lr_scheduler` restart a schedule in the middle of a run, and has
 state_dict/load_state_dict for checkpoints.
 
 Resuming: a position in updates is restored exactly, so the resumed run is bitwise equal to
@@ -141,7 +141,7 @@ class LRScheduler:
         return lr
 
     def restart(self, num_updates: int, elapsed: float = 0.0) -> None:
-        """reset_lr_scheduler: the next update is the schedule's first."""
+        """resume.reset_lr_scheduler: the next update is the schedule's first."""
         self.offset = num_updates
         self.offset_seconds = elapsed
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from nmt import distributed
 from nmt.distributed import DistEnv
-from nmt.errors import NmtError
+from nmt.errors import NmtError, setting
 from nmt.fsutil import exclusive_lock
-from nmt.training.config import TrainConfig, setting
+from nmt.training.config import TrainConfig
 
 LOCK_FILE = ".nmt-train.lock"
 # flock errors of file systems that offer no locks (e.g. Lustre mounted without -o flock)
@@ -34,7 +34,7 @@ _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
 
 def check_place(cfg: TrainConfig) -> None:
     """NmtError when save_dir is the data dir or inside it (symlinks and `..` resolved)."""
-    save_dir, data = Path(os.path.realpath(cfg.save_dir)), Path(os.path.realpath(cfg.data))
+    save_dir, data = Path(os.path.realpath(cfg.run_dir())), Path(os.path.realpath(cfg.data_dir()))
     if save_dir == data or save_dir.is_relative_to(data):
         where = "is the data dir" if save_dir == data else f"is inside the data dir {data}"
         raise NmtError(
@@ -52,7 +52,7 @@ def lock_run_dir(cfg: TrainConfig, env: DistEnv) -> tuple[ExitStack, list[str]]:
     notes: list[str] = []
     if env.is_main:
         try:
-            notes = _lock(stack, Path(cfg.save_dir), setting("save_dir", cfg.save_dir))
+            notes = _lock(stack, Path(cfg.run_dir()), setting("save_dir", cfg.save_dir))
         except NmtError as exc:
             refusal = str(exc)
     if env.is_distributed:  # every rank learns rank 0's answer

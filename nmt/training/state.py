@@ -1,5 +1,5 @@
 """The run's state in checkpoints: what train_state holds, how a run restores it (resume
-from checkpoint_last.pt, or start from finetune_from's weights), and when the loop saves.
+from checkpoint_last.pt, or start from resume.finetune_from's weights), and when the loop saves.
 
 Resuming restores weights, optimizer, schedule offset, loss scaler, every RNG, the epoch
 and the batch position inside it, counters, best metric and patience: on CPU in fp32 a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,9 +30,7 @@ from nmt.training.ema import WeightEMA
 from nmt.training.identity import check_checkpoint_data
 from nmt.training.optim import LRScheduler
 from nmt.training.scaler import LossScaler
-
-if TYPE_CHECKING:
-    from nmt.training.trainer import Progress, Trainer
+from nmt.training.trainer import Progress, Trainer, training_seconds
 
 # Model settings that may change between a checkpoint and the run resuming from it.
 RESUMABLE_MODEL_CHANGES = ("dropout", "attention_dropout", "activation_dropout")
@@ -52,7 +50,7 @@ def checkpoint(t: Trainer) -> dict[str, Any]:
         "scaler": t.scaler.state_dict(),
         "rng": distributed.all_gather_objects(rng_state(t.device)),  # one entry per rank
         "best": t.best.state_dict(),
-        "elapsed": t.training_seconds(),
+        "elapsed": training_seconds(t),
         "world_size": t.env.world_size,
         "update_freq": cfg.update_freq,
     }
@@ -114,10 +112,10 @@ def restore(
     device: torch.device,
 ) -> tuple[str | None, list[str]]:
     """Resume from `last` (checkpoint_last.pt) when it exists, else start from
-    finetune_from's weights when set. Returns a line for the log (None for a fresh run) and
+    resume.finetune_from's weights when set. Returns a line for the log (None for a fresh run) and
     the names `last`'s save copied it to (CheckpointManager.complete_copies). `ema`
     continues its saved average, or starts from the weights loaded (a checkpoint without
-    one: ema_decay was 0 before)."""
+    one: checkpoint.ema_decay was 0 before)."""
     # Loaded to the CPU whatever the device: load_state_dict copies the weights (and the
     # optimizer its state) to the parameters' device, and RNG states must be CPU tensors.
     if last.exists():
@@ -133,7 +131,7 @@ def restore(
         if train_state is None:
             raise NmtError(
                 f"{last}: holds weights only (averaged or imported); start a new "
-                f"save_dir with finetune_from={last}"
+                f"save_dir with resume.finetune_from={last}"
             )
         model.load_state_dict(ckpt["model"])
         load_train_state(
@@ -149,8 +147,8 @@ def restore(
             f"(epoch {progress.epoch}, batch {progress.position})"
         )
         return line, list(train_state.get(COPIES, []))
-    if cfg.finetune_from:
-        path = Path(cfg.finetune_from)
+    if cfg.resume.finetune_from:
+        path = Path(cfg.resume.finetune_from)
         ckpt = load_checkpoint(path, map_location="cpu")
         check_compatible(
             ckpt, path, "finetune with the same model and vocabulary", cfg, data, resuming=False
@@ -177,7 +175,7 @@ def load_train_state(
     `device` is this rank's (its CUDA generator is restored)."""
     progress.num_updates = int(state["num_updates"])
     progress.elapsed = float(state.get("elapsed", 0.0))
-    if not cfg.reset_optimizer:
+    if not cfg.resume.reset_optimizer:
         optimizer.load_state_dict(state["optimizer"])
         for group in optimizer.param_groups:  # the config's settings win, as in fairseq
             group.update(
@@ -185,11 +183,11 @@ def load_train_state(
             )
         if state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
-    if cfg.reset_lr_scheduler:
+    if cfg.resume.reset_lr_scheduler:
         scheduler.restart(progress.num_updates, progress.elapsed)
     else:
         scheduler.load_state_dict(state["lr_scheduler"])
-    if not cfg.reset_dataloader:
+    if not cfg.resume.reset_dataloader:
         progress.epoch = int(state["epoch"])
         progress.position = int(state["position"])
     best.load_state_dict(state["best"])
@@ -207,13 +205,16 @@ BUDGET_STOPS = ("max_update", "max_time")
 
 def numbered_due(cfg: TrainConfig, update: int, end_of_epoch: bool, stop: str | None) -> bool:
     """A numbered checkpoint_<epoch>_<update>.pt is written at epoch ends, every
-    save_interval_updates, and when max_update or max_time ends the run mid-epoch (as
+    checkpoint.save_interval_updates, and when max_update or max_time ends the run mid-epoch (as
     OpenNMT-py and Marian save their last step), so that averaging the newest ones
     includes the final weights."""
     return (
         end_of_epoch
         or stop in BUDGET_STOPS
-        or bool(cfg.save_interval_updates and update % cfg.save_interval_updates == 0)
+        or bool(
+            cfg.checkpoint.save_interval_updates
+            and update % cfg.checkpoint.save_interval_updates == 0
+        )
     )
 
 
@@ -230,7 +231,7 @@ def save_after_update(
 
 def save(t: Trainer, *, numbered: bool, best_value: float | None, epoch: int | None = None) -> None:
     """Write checkpoint_last.pt (and a numbered / best one); a collective, rank 0 writes."""
-    if t.cfg.no_save:
+    if t.cfg.checkpoint.no_save:
         return
     t.meter.check_finite()  # never overwrite a good checkpoint with NaN weights
     ckpt = checkpoint(t)

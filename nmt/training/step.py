@@ -25,7 +25,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,10 +34,8 @@ from nmt.data.batching import rank_share
 from nmt.data.collate import Batch, collate
 from nmt.errors import NmtError
 from nmt.training.loss import output_layer_loss, rdrop_output_layer_loss, real_positions
+from nmt.training.trainer import Trainer, training_seconds
 from nmt.vocab import PAD
-
-if TYPE_CHECKING:
-    from nmt.training.trainer import Trainer
 
 # What CUDA libraries say when an allocation of their own fails: cuBLAS and cuDNN raise a
 # RuntimeError naming their status, not torch.OutOfMemoryError (the caching allocator's).
@@ -101,8 +98,8 @@ def train_step(t: Trainer, group: list[np.ndarray]) -> None:
             t.meter.tokens += total_tokens
             report_overflow(t, scale_before)
             return
-    if t.cfg.clip_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, t.cfg.clip_norm, gnorm)
+    if t.cfg.optim.clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, t.cfg.optim.clip_norm, gnorm)
     t.optimizer.step()
     t.optimizer.zero_grad(set_to_none=True)
     t.meter.tokens += total_tokens
@@ -130,7 +127,7 @@ def agree_on_update(
     update already makes: all ranks skip the update or none, the loss is a mean over the
     tokens of all ranks, and a time-based schedule sets the same learning rate everywhere
     (the ranks' clocks, averaged to the microsecond)."""
-    clock = t.training_seconds()
+    clock = training_seconds(t)
     tokens = stored_tokens if sums is None else sums.tokens
     if not t.env.is_distributed:
         return int(sums is None), tokens, clock
@@ -202,11 +199,11 @@ def micro_batch(
     all-reduces the gradients. Returns None, or where memory ran out: "forward" or
     "backward" (the batch's tensors are freed when this returns).
 
-    R-Drop (rdrop_alpha > 0) runs the batch twice in one forward pass, the copies under
+    R-Drop (loss.rdrop_alpha > 0) runs the batch twice in one forward pass, the copies under
     different dropout; its objective counts both, so it is halved: the update's loss stays
     a mean over the batch's tokens (fairseq divides by twice the tokens)."""
     batch, positions, padded = to_device(t, rows)
-    alpha = t.cfg.rdrop_alpha
+    alpha = t.cfg.loss.rdrop_alpha
     src, prev = batch.src_tokens, batch.prev_tokens
     if alpha:
         src, prev = torch.cat([src, src]), torch.cat([prev, prev])  # [2B,S], [2B,T]
@@ -222,7 +219,7 @@ def micro_batch(
                     features,
                     t.model.output_weight,
                     batch.target,
-                    t.cfg.label_smoothing,
+                    t.cfg.loss.label_smoothing,
                     PAD,
                     positions=positions,
                     grad_scale=t.scaler.scale,
@@ -296,9 +293,9 @@ def report_overflow(t: Trainer, scale_before: float) -> None:
         f"fp16: gradient overflow in update {update}; skipped it, "
         f"loss scale {scale_before:g} -> {scale:g}"
     )
-    if scale < t.cfg.fp16_min_scale:
+    if scale < t.cfg.fp16.min_scale:
         raise NmtError(
-            f"precision=fp16: the loss scale fell below fp16_min_scale="
-            f"{t.cfg.fp16_min_scale:g} at update {update}; the run "
-            "diverges: lower optim.lr, set clip_norm, or use precision=bf16"
+            f"precision=fp16: the loss scale fell below fp16.min_scale="
+            f"{t.cfg.fp16.min_scale:g} at update {update}; the run "
+            "diverges: lower optim.lr, set optim.clip_norm, or use precision=bf16"
         )

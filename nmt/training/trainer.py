@@ -1,34 +1,32 @@
-"""The Trainer: everything one training run holds, built by `build_training(cfg)`.
+"""The Trainer: the plain state of one training run, built by `build_training(cfg)`.
 
-The work is done elsewhere, one job per module:
+It holds what a run holds and does nothing itself: functions over it do the work, one job
+per module, none of them imported here:
     build.py       build_training: data, model, optimizer, schedule, scaler, resume
-    step.py        one optimizer update (AMP, accumulation, DDP, clipping, OOM, fp16 overflow)
-    loop.py        epochs, stopping rules, signals, logging cadence, validation cadence
-    validation.py  valid loss and BLEU
+    loop.py        run: epochs, stopping rules, signals, logging and validation cadence
+    step.py        train_step: one optimizer update (AMP, accumulation, DDP, clipping, OOM,
+                   fp16 overflow)
+    validation.py  validate: valid loss and BLEU
     state.py       the checkpoint's train_state, restoring it, and when the loop saves
-The methods below are the seams tests and benchmarks use (and may patch).
+Tests and benchmarks call (and may patch) `loop.run`, `step.train_step` and
+`validation.validate`.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import torch
 
 from nmt.distributed import DistEnv
 from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime
-from nmt.training import loop, state, step, validation
 from nmt.training.checkpointing import BestTracker, CheckpointManager
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
 from nmt.training.ema import WeightEMA
 from nmt.training.logging import TrainLogger
-from nmt.training.loop import TrainResult
 from nmt.training.meter import TrainMeter
 from nmt.training.optim import LRScheduler
 from nmt.training.scaler import LossScaler
@@ -62,44 +60,21 @@ class Trainer:
     progress: Progress
     logger: TrainLogger
     meter: TrainMeter
-    ema: WeightEMA | None = None  # the moving average of the weights (ema_decay > 0)
+    ema: WeightEMA | None = None  # the moving average of the weights (checkpoint.ema_decay > 0)
     oom_skips: int = 0  # updates dropped because a batch ran out of memory
     ooms_in_a_row: int = 0
     last_saved_update: int = -1  # num_updates of the latest checkpoint_last.pt
     # the names checkpoint_last.pt's save copied it to (completed at the start of run())
     copies_of_last: list[str] = field(default_factory=list)
-    # save_dir's lock (nmt.training.run_dir), held from build_training to the end of run()
+    # save_dir's lock (nmt.training.run_dir), held from build_training to the end of
+    # loop.run(); close it to release save_dir without running
     run_lock: ExitStack = field(default_factory=ExitStack)
 
     @property
     def device(self) -> torch.device:
         return self.runtime.device
 
-    def run(self) -> TrainResult:
-        """Train until a stopping rule fires; always leaves a resumable checkpoint_last.pt."""
-        return loop.run(self)
 
-    def close(self) -> None:
-        """Release save_dir's lock without running (run() releases it when it ends)."""
-        self.run_lock.close()
-
-    def train_step(self, group: list[np.ndarray]) -> None:
-        """One optimizer update from `group` (all ranks' batches of this update)."""
-        step.train_step(self, group)
-
-    def validate(self) -> dict[str, Any]:
-        """Valid loss (and BLEU) of the current weights, over all ranks."""
-        self.meter.check_finite()
-        start = time.monotonic()
-        metrics = validation.evaluate(self.model, self.data, self.cfg, self.runtime, self.env)
-        metrics["seconds"] = round(time.monotonic() - start, 2)
-        self.meter.exclude(time.monotonic() - start)  # validation is not training time
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint of the current state (a collective: every rank calls it)."""
-        return state.checkpoint(self)
-
-    def training_seconds(self) -> float:
-        """Training time of this save_dir: earlier runs and this one (max_time counts it)."""
-        return self.progress.elapsed + self.meter.run_seconds()
+def training_seconds(t: Trainer) -> float:
+    """Training time of t's save_dir: earlier runs and this one (max_time counts it)."""
+    return t.progress.elapsed + t.meter.run_seconds()

@@ -1,5 +1,8 @@
 """Validation: loss over the valid split and BLEU of decoded valid sentences.
 
+`validate(t)` is what the training loop calls (the figures of t's current weights, its time
+kept out of the training time); `evaluate` computes them from plain arguments.
+
 Decoding for BLEU goes through `decode_for_validation` only, so the search can be swapped
 (nmt-generate's SequenceGenerator, greedy by default). Each rank decodes its share of the
 sentences; the hypotheses are gathered and scored with sacrebleu (nmt.scoring) on every rank.
@@ -7,6 +10,7 @@ sentences; the hypotheses are gathered and scored with sacrebleu (nmt.scoring) o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -27,13 +31,25 @@ from nmt.scoring import corpus_bleu
 from nmt.training.config import TrainConfig
 from nmt.training.data import TrainData
 from nmt.training.loss import output_layer_loss, per_token_base2, perplexity
+from nmt.training.trainer import Trainer
 from nmt.vocab import EOS, PAD
+
+
+def validate(t: Trainer) -> dict[str, Any]:
+    """Valid loss (and BLEU) of t's current weights, over all ranks; the seconds it took
+    are left out of the training time."""
+    t.meter.check_finite()
+    start = time.monotonic()
+    metrics = evaluate(t.model, t.data, t.cfg, t.runtime, t.env)
+    metrics["seconds"] = round(time.monotonic() - start, 2)
+    t.meter.exclude(time.monotonic() - start)  # validation is not training time
+    return metrics
 
 
 def evaluate(
     model: Transformer, data: TrainData, cfg: TrainConfig, runtime: Runtime, env: DistEnv
 ) -> dict[str, Any]:
-    """Valid loss/nll/ppl, and BLEU with its signature when cfg.eval_bleu; each rank takes
+    """Valid loss/nll/ppl, and BLEU with its signature when cfg.validation.bleu.enabled; each rank takes
     its share of the valid batches and the figures are reduced over ranks. The model is
     left in training mode."""
     if data.valid is None:
@@ -46,9 +62,9 @@ def evaluate(
             data.valid_batches[env.rank :: env.world_size],
             device=runtime.device,
             autocast=runtime.autocast,
-            label_smoothing=cfg.label_smoothing,
+            label_smoothing=cfg.loss.label_smoothing,
         )
-        if cfg.eval_bleu:
+        if cfg.validation.bleu.enabled:
             metrics["bleu"], metrics["bleu_signature"] = valid_bleu(
                 model,
                 data.valid,
@@ -56,12 +72,12 @@ def evaluate(
                 data.tgt_tokenizer(),
                 device=runtime.device,
                 autocast=runtime.autocast,
-                max_tokens=cfg.valid_max_tokens or cfg.max_tokens,
+                max_tokens=cfg.validation.max_tokens or cfg.max_tokens,
                 rank=env.rank,
                 world_size=env.world_size,
-                beam=cfg.eval_bleu_beam,
-                len_a=cfg.eval_bleu_len_a,
-                len_b=cfg.eval_bleu_len_b,
+                beam=cfg.validation.bleu.beam,
+                len_a=cfg.validation.bleu.len_a,
+                len_b=cfg.validation.bleu.len_b,
             )
     finally:
         model.train()

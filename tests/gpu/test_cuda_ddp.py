@@ -36,7 +36,7 @@ def _torchrun(script: Path, timeout: float) -> subprocess.CompletedProcess:
 
 
 def test_two_nccl_ranks_equal_one_gpu_with_update_freq_2(demo_data_dir, tmp_path):
-    common = dict(max_update=10, clip_norm=0.5, device="cuda")
+    common = dict(max_update=10, device="cuda", optim={"clip_norm": 0.5})
     worker = tmp_path / "worker.py"
     worker.write_text(
         textwrap.dedent(f"""
@@ -65,18 +65,18 @@ def test_a_dead_nccl_rank_gives_the_other_a_one_line_error(demo_data_dir, tmp_pa
         textwrap.dedent(f"""
         import os
         from nmt.cli import main
-        from nmt.training.trainer import Trainer
+        from nmt.training import step
 
         if os.environ["RANK"] == "1":
-            real_step = Trainer.train_step
-            def faulty_step(self, group):
-                if self.progress.num_updates == 2:
+            real_step = step.train_step
+            def faulty_step(t, group):
+                if t.progress.num_updates == 2:
                     os._exit(3)
-                real_step(self, group)
-            Trainer.train_step = faulty_step
+                real_step(t, group)
+            step.train_step = faulty_step
         main("train", ["data={demo_data_dir}", "save_dir={tmp_path / "run"}", "train_split=valid",
-                       "valid_split=''", "max_tokens=500", "max_update=50", "device=cuda",
-                       "ddp_timeout=30", "tensorboard=false", "progress_bar=false",
+                       "validation.split=''", "max_tokens=500", "max_update=50", "device=cuda",
+                       "distributed.timeout=30", "logging.tensorboard=false", "logging.progress_bar=false",
                        "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
                        "model.decoder_layers=1", "model.attention_heads=2"])
     """)

@@ -19,8 +19,9 @@ from helpers import (
 )
 
 from nmt.model.transformer import Transformer
-from nmt.training import build_training
+from nmt.training import build_training, run
 from nmt.training.loss import BLOCK_ELEMENTS, block_elements_for
+from nmt.training.step import train_step
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("one_thread")]
 
@@ -38,8 +39,8 @@ def test_cuda_training_runs_and_lowers_the_loss(demo_data_dir, tmp_path, precisi
         device="cuda",
         precision=precision,
         max_update=30,
-        log_interval=10,
-        no_save=True,
+        logging={"interval": 10},
+        checkpoint={"no_save": True},
     )
     run_training(
         replace(cfg, optim=replace(cfg.optim, lr=3e-3, warmup_updates=0, scheduler="fixed"))
@@ -67,12 +68,12 @@ def test_fp16_overflow_halves_the_scale_and_skips_the_update(demo_data_dir, tmp_
             tmp_path / "run",
             device="cuda",
             precision="fp16",
-            fp16_init_scale=2.0**40,
             max_update=5,
-            log_interval=1,
+            fp16={"init_scale": 2.0**40},
+            logging={"interval": 1},
         )
     )
-    result = trainer.run()
+    result = run(trainer)
     assert result.num_updates == 5
     assert_fp16_overflows_were_skipped(trainer, capsys.readouterr().err, 2.0**40)
     scales = [e["loss_scale"] for e in _events(tmp_path / "run", "train")]
@@ -101,8 +102,8 @@ def test_an_update_synchronizes_at_most_once(demo_data_dir, tmp_path, precision,
         )
     )
     batches = trainer.data.epoch_batches(1)
-    trainer.train_step(batches[0:2])  # warm-up: cuBLAS handles, allocator pools
-    syncs = _sync_warnings(lambda: [trainer.train_step(batches[i : i + 2]) for i in (2, 4, 6)])
+    train_step(trainer, batches[0:2])  # warm-up: cuBLAS handles, allocator pools
+    syncs = _sync_warnings(lambda: [train_step(trainer, batches[i : i + 2]) for i in (2, 4, 6)])
     assert syncs == 3 * per_update
 
 
@@ -156,7 +157,7 @@ def test_a_real_out_of_memory_batch_is_skipped_and_its_memory_returned(
         return out
 
     monkeypatch.setattr(Transformer, "forward", forward)
-    result = trainer.run()
+    result = run(trainer)
     assert result.num_updates == 4 and trainer.oom_skips == 1
     assert [e["update"] for e in _events(tmp_path / "run", "oom")] == [2]
     allocated, reserved = memory["next"]

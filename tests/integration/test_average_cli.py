@@ -23,7 +23,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "average_checkpoints.
 @pytest.fixture(scope="module")
 def run_dir(demo_data_dir, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("avg-cli") / "run"
-    run_training(tiny_config(demo_data_dir, save_dir, max_update=4, save_interval_updates=1))
+    run_training(
+        tiny_config(demo_data_dir, save_dir, max_update=4, checkpoint={"save_interval_updates": 1})
+    )
     return save_dir
 
 

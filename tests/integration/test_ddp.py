@@ -73,11 +73,8 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
     # validation (loss and BLEU, each rank on its share) must equal the single process's.
     common = dict(
         max_update=14,
-        clip_norm=0.5,
-        valid_split="test",
-        eval_bleu=True,
-        eval_bleu_max_sentences=12,
-        eval_bleu_len_b=4,
+        optim={"clip_norm": 0.5},
+        validation={"split": "test", "bleu": {"enabled": True, "max_sentences": 12, "len_b": 4}},
     )
     ddp, single = two_ranks_and_one(demo_data_dir, tmp_path, common)
     # Bitwise, on any CPU: each rank computes its batch's gradients as the single process
@@ -106,7 +103,7 @@ def test_target_side_subword_sampling_two_ranks_equal_one_rank(demo_data_dir, tm
     ranks agree on it in the update's host all-reduce and rescale their gradients, so that
     2 ranks still make the updates of 1 rank with update_freq=2 (the same draws: they are
     a function of seed, epoch and batch, not of the rank)."""
-    common = dict(max_update=6, src_subword_alpha=0.2, tgt_subword_alpha=0.2)
+    common = dict(max_update=6, subword={"src_alpha": 0.2, "tgt_alpha": 0.2})
     ddp, single = two_ranks_and_one(demo_data_dir, tmp_path, common)
     # bitwise, for the reasons of the test above: the agreed token count is one integer
     assert_bitwise_equal(ddp, single)
@@ -126,7 +123,7 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
     """Rank 1 runs out of memory in update 3 (an injected allocation failure in its
     forward): it still joins the gradient all-reduce, both ranks skip update 3 and go on,
     and the run equals one process with update_freq=2 whose update 3 ran out of memory."""
-    common = dict(max_update=6, clip_norm=0.5)
+    common = dict(max_update=6, optim={"clip_norm": 0.5})
     worker = tmp_path / "worker.py"
     worker.write_text(
         textwrap.dedent(f"""
@@ -201,17 +198,17 @@ def test_resuming_with_more_ranks_gives_the_new_rank_a_dropout_stream_of_its_own
         import torch
         from pathlib import Path
         from helpers import run_training, tiny_config
-        from nmt.training.trainer import Trainer
+        from nmt.training import loop
 
-        real_run = Trainer.run
-        def run(self):  # the first draws of this rank's stream, as the run starts
+        real_run = loop.run
+        def run(t):  # the first draws of this rank's stream, as the run starts
             state = torch.get_rng_state()
             draws = torch.rand(8).tolist()
             torch.set_rng_state(state)
             Path({str(tmp_path)!r}, f"draws{{os.environ['RANK']}}.json").write_text(
                 json.dumps(draws))
-            return real_run(self)
-        Trainer.run = run
+            return real_run(t)
+        loop.run = run
         run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(save_dir)!r}),
                                  max_update=4))
     """)
@@ -239,19 +236,19 @@ def start_ranks_with_a_faulty_rank_1(
         textwrap.dedent(f"""
         import os
         from nmt.cli import main
-        from nmt.training.trainer import Trainer
+        from nmt.training import step
         {imports}
 
         if os.environ["RANK"] == "1":
-            real_step = Trainer.train_step
-            def faulty_step(self, group):
-                if self.progress.num_updates == 2:
+            real_step = step.train_step
+            def faulty_step(t, group):
+                if t.progress.num_updates == 2:
                     {fault}
-                real_step(self, group)
-            Trainer.train_step = faulty_step
+                real_step(t, group)
+            step.train_step = faulty_step
         main("train", ["data={demo_data_dir}", "save_dir={tmp_path / "run"}", "train_split=valid",
-                       "valid_split=''", "max_tokens=500", "max_update=50", "threads=1", "device=cpu",
-                       "ddp_timeout=20", "tensorboard=false", "progress_bar=false",
+                       "validation.split=''", "max_tokens=500", "max_update=50", "threads=1", "device=cpu",
+                       "distributed.timeout=20", "logging.tensorboard=false", "logging.progress_bar=false",
                        "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
                        "model.decoder_layers=1", "model.attention_heads=2"])
     """)

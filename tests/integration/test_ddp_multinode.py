@@ -36,8 +36,8 @@ def _worker(tmp_path: Path, data_dir: Path) -> Path:
         (save_dir.parent / f"{{save_dir.name}}.rank{{os.environ['RANK']}}").write_text(
             os.environ["GROUP_RANK"] + " " + os.environ["LOCAL_RANK"] + " " + os.environ["WORLD_SIZE"])
         run_training(tiny_config(Path({str(data_dir)!r}), save_dir, update_freq=1,
-                                 model=NO_DROPOUT, max_update=10, valid_split="test",
-                                 clip_norm=0.5))
+                                 model=NO_DROPOUT, max_update=10, validation={{"split": "test"}},
+                                 optim={{"clip_norm": 0.5}}))
     """)
     )
     return worker
@@ -120,8 +120,8 @@ def test_a_rank_that_does_not_see_the_checkpoint_stops_the_run(
         import os
         from nmt.cli import main
         main("train", ["data={demo_data_dir}", "save_dir={tmp_path}/run" + os.environ["RANK"],
-                       "train_split=valid", "valid_split=''", "max_update=2", "threads=1",
-                       "device=cpu", "ddp_timeout=60", "tensorboard=false", "progress_bar=false",
+                       "train_split=valid", "validation.split=''", "max_update=2", "threads=1",
+                       "device=cpu", "distributed.timeout=60", "logging.tensorboard=false", "logging.progress_bar=false",
                        "model.embed_dim=16", "model.ffn_dim=32", "model.encoder_layers=1",
                        "model.decoder_layers=1", "model.attention_heads=2"])
     """)

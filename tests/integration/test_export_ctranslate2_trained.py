@@ -51,12 +51,12 @@ def test_ctranslate2_equals_nmt_generate_on_the_test_split(tmp_path):
             "optim.lr=0.003",
             "optim.warmup_updates=50",
             "max_update=200",
-            "valid_split=",
+            "validation.split=",
             "device=cpu",
             "threads=2",
-            "progress_bar=false",
-            "tensorboard=false",
-            "keep_last=1",
+            "logging.progress_bar=false",
+            "logging.tensorboard=false",
+            "checkpoint.keep_last=1",
         ],
     )
     checkpoint = run / "checkpoint_last.pt"

@@ -15,9 +15,13 @@ import sys
 import termios
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from nmt.cli import compose_config, to_dataclass
 from nmt.data import build_data_dir
 from nmt.data.config import PreprocessConfig
+
+PATHS = ["data.trainpref=corpus/train", "data.dest=data-bin/x"]  # required: no defaults
 
 
 def compose_preprocess(overrides: list[str]) -> PreprocessConfig:
@@ -25,11 +29,12 @@ def compose_preprocess(overrides: list[str]) -> PreprocessConfig:
 
 
 def test_default_config_and_overrides() -> None:
-    cfg = compose_preprocess([])
-    assert (cfg.data.trainpref, cfg.data.dest) == ("data/demo/train", "data-bin/demo")
-    assert cfg.data.testpref == ["data/demo/test"]
+    cfg = compose_preprocess(PATHS)
+    assert (cfg.data.trainpref, cfg.data.dest) == ("corpus/train", "data-bin/x")
+    assert cfg.data.validpref is None and cfg.data.testpref == []
     cfg = compose_preprocess(
         [
+            *PATHS,
             "data.src=de",
             "data.tgt=en",
             "spm.vocab_size=8000",
@@ -43,8 +48,13 @@ def test_default_config_and_overrides() -> None:
 
 def test_the_yaml_defaults_are_the_dataclass_defaults(overridden_preprocess_config) -> None:
     """So the conftest fixtures (dataclass defaults) preprocess as `nmt-preprocess` does."""
-    assert compose_preprocess([]) == PreprocessConfig()
-    overrides = ["clean.max_ratio=null", "data.testpref=[a/x,b/y]", "spm.model_type=unigram"]
+    assert OmegaConf.to_object(compose_config("preprocess", [])) == PreprocessConfig()
+    overrides = [
+        *PATHS,
+        "clean.max_ratio=null",
+        "data.testpref=[a/x,b/y]",
+        "spm.model_type=unigram",
+    ]
     assert compose_preprocess(overrides) == overridden_preprocess_config(overrides)
 
 

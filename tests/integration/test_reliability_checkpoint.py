@@ -116,7 +116,7 @@ def test_a_checkpoint_that_runs_code_is_refused_unexecuted(nmt_cli, trained, tex
 
 
 def test_vocab_of_another_data_dir_is_refused(nmt_cli, preprocess_config, tmp_path):
-    """Resume and finetune_from compare vocab sizes and the tokenizers themselves."""
+    """Resume and resume.finetune_from compare vocab sizes and the tokenizers themselves."""
     from nmt.data import build_data_dir
 
     first = preprocess_config("spm.vocab_size=200", f"data.dest={tmp_path / 'a'}")
@@ -135,7 +135,7 @@ def test_vocab_of_another_data_dir_is_refused(nmt_cli, preprocess_config, tmp_pa
     code, _, err = nmt_cli("train", *train_args(tmp_path / "b", tmp_path / "run", "max_update=2"))
     one_line_error(code, err, "train", str(last), "tokenizer")
     code, _, err = nmt_cli(
-        "train", *train_args(tmp_path / "b", tmp_path / "ft", f"finetune_from={last}")
+        "train", *train_args(tmp_path / "b", tmp_path / "ft", f"resume.finetune_from={last}")
     )
     one_line_error(code, err, "train", str(last), "tokenizer")
     assert last.read_bytes() == before and not (tmp_path / "ft" / "checkpoint_last.pt").exists()

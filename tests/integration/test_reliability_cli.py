@@ -78,9 +78,12 @@ def test_an_added_key_the_command_lacks_is_refused(
 
 
 def test_added_keys_that_the_schema_allows_still_work(nmt_cli, tmp_path) -> None:
-    code, out, err = nmt_cli("preprocess", "--cfg", f"+data.extra_train.clean={tmp_path / 'c'}")
+    paths = ["data.trainpref=corpus/train", "data.dest=data-bin/x"]
+    code, out, err = nmt_cli(
+        "preprocess", "--cfg", *paths, f"+data.extra_train.clean={tmp_path / 'c'}"
+    )
     assert code == 0 and f"clean: {tmp_path / 'c'}" in out, err
-    code, out, err = nmt_cli("train", "--cfg", "+experiment=multi30k_en_de")
+    code, out, err = nmt_cli("train", "--cfg", "data=d", "save_dir=r", "+experiment=multi30k")
     assert code == 0, err
 
 
@@ -107,7 +110,13 @@ def test_an_unquoted_value_hydra_cannot_read_says_how_to_quote_it(
         f'quote the value for Hydra and the whole for the shell: "{quoted}"'
     )
     # what the message says to type is what works (the shell removes the double quotes)
-    code, out, err = nmt_cli(command, quoted, "--cfg")
+    required = {
+        "preprocess": ["data.trainpref=corpus/train", "data.dest=data-bin/x"],
+        "train": ["data=data-bin/x", "save_dir=runs/x"],
+    }.get(command, [])
+    key = quoted.split("=", 1)[0]
+    others = [r for r in required if r.split("=", 1)[0] != key]
+    code, out, err = nmt_cli(command, *others, quoted, "--cfg")
     assert code == 0, err
     value = quoted.split("=", 1)[1].replace("'", "")
     assert value.strip("[]").split(",")[-1] in out
@@ -123,7 +132,8 @@ def test_the_quoting_hint_through_the_console_script() -> None:
         """quote the value for Hydra and the whole for the shell: "data.dest='données'\""""
     )
     proc = subprocess.run(
-        f"{script} --cfg \"data.dest='données'\"", shell=True, capture_output=True, text=True,
+        f"{script} --cfg data.trainpref=corpus/train \"data.dest='données'\"", shell=True,
+        capture_output=True, text=True,
         env=ENV,
     )  # fmt: skip
     assert proc.returncode == 0 and "dest: données" in proc.stdout, proc.stderr

@@ -37,9 +37,9 @@ def run_args(data: Path, save_dir: Path, max_update: int = UPDATES) -> list[str]
         data,
         save_dir,
         f"max_update={max_update}",
-        "save_interval_updates=1",
-        "keep_last=2",
-        "log_interval=1",
+        "checkpoint.save_interval_updates=1",
+        "checkpoint.keep_last=2",
+        "logging.interval=1",
     )
 
 
@@ -204,7 +204,7 @@ def validated_reference(demo_data_dir, tmp_path_factory) -> tuple[Path, list[str
 
     save_dir = tmp_path_factory.mktemp("validated")
     args = train_args(
-        demo_data_dir, save_dir, "max_update=6", "valid_split=valid", "log_interval=1"
+        demo_data_dir, save_dir, "max_update=6", "validation.split=valid", "logging.interval=1"
     )
     main("train", args)
     assert update_in(save_dir / "checkpoint_best.pt") == 6, "the last validation must be best"

@@ -24,7 +24,7 @@ def test_a_rank_that_raises_stops_the_other_within_the_timeout(demo_data_dir, tm
         try:
             out1 = procs[1].communicate(timeout=120)
             failed_at = time.monotonic()
-            out0 = procs[0].communicate(timeout=60)  # ddp_timeout=20 bounds the wait
+            out0 = procs[0].communicate(timeout=60)  # distributed.timeout=20 bounds the wait
             waited = time.monotonic() - failed_at
         finally:
             for p in procs:

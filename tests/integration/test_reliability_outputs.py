@@ -70,10 +70,10 @@ def run_dir(demo_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
             demo_data_dir,
             run,
             "max_update=4",
-            "save_interval_updates=2",
-            "valid_split=test",
-            "valid_max_pairs=20",
-            "tensorboard=true",
+            "checkpoint.save_interval_updates=2",
+            "validation.split=test",
+            "validation.max_pairs=20",
+            "logging.tensorboard=true",
         ),
     )
     names = {p.name for p in run.iterdir()}

@@ -58,9 +58,15 @@ def test_checkpoint_names_are_independent_files(nmt_cli, demo_data_dir, tmp_path
     target) and an in-place write leave checkpoint_best.pt as it was."""
     run = tmp_path / "run"
     args = train_args(
-        demo_data_dir, run, "max_update=3", "save_interval_updates=1", "valid_split=test"
+        demo_data_dir,
+        run,
+        "max_update=3",
+        "checkpoint.save_interval_updates=1",
+        "validation.split=test",
     )
-    code, _, err = nmt_cli("train", *args, "validate_interval_updates=1", "keep_best=2")
+    code, _, err = nmt_cli(
+        "train", *args, "validation.interval_updates=1", "checkpoint.keep_best=2"
+    )
     assert code == 0, err
     names = sorted(p.name for p in run.glob("*.pt"))
     assert {"checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_1_3.pt"} <= set(names)
@@ -151,7 +157,7 @@ def test_torchrun_ranks_all_stop_when_the_save_dir_is_locked(demo_data_dir, tmp_
                 "--nproc_per_node=2",
                 "--no-python",
                 str(BIN / "nmt-train"),
-                *train_args(demo_data_dir, run, "max_update=2", "ddp_timeout=60"),
+                *train_args(demo_data_dir, run, "max_update=2", "distributed.timeout=60"),
             ],
             capture_output=True,
             text=True,
@@ -302,12 +308,14 @@ def test_a_swapped_sentencepiece_model_is_refused_at_start(nmt_cli, preprocess_c
         "train",
         f"{data / 'spm.model'}: differs from the model",
         "sha256",
-        "reset_data_check=true",
+        "resume.reset_data_check=true",
     )
     assert not (tmp_path / "run").exists()  # nothing written, not even the save_dir
-    code, _, err = nmt_cli("train", *train_args(data, tmp_path / "run", "reset_data_check=true"))
+    code, _, err = nmt_cli(
+        "train", *train_args(data, tmp_path / "run", "resume.reset_data_check=true")
+    )
     assert code == 0, err
-    assert "going on as reset_data_check=true asks" in err
+    assert "going on as resume.reset_data_check=true asks" in err
 
 
 def test_resuming_on_other_data_is_refused_unless_asked(
@@ -329,7 +337,7 @@ def test_resuming_on_other_data_is_refused_unless_asked(
     moved = tmp_path / "moved"
     shutil.copytree(first, moved)
     run = tmp_path / "run"
-    args = ["train_split=train", "valid_split=valid"]
+    args = ["train_split=train", "validation.split=valid"]
     code, _, err = nmt_cli("train", *train_args(first, run, *args))
     assert code == 0, err
     last = run / "checkpoint_last.pt"
@@ -341,7 +349,7 @@ def test_resuming_on_other_data_is_refused_unless_asked(
         "train",
         f"{last}: was trained on other data than {other_corpus}",
         "split train (",
-        "reset_data_check=true",
+        "resume.reset_data_check=true",
     )
     code, _, err = nmt_cli("train", *train_args(reverse, run, *args, "max_update=2"))
     one_line_error(code, err, "train", "src_lang 'en' in the checkpoint, 'de' here")
@@ -350,10 +358,14 @@ def test_resuming_on_other_data_is_refused_unless_asked(
     code, _, err = nmt_cli("train", *train_args(moved, run, *args, "max_update=2"))
     assert code == 0 and "resumed from" in err, err
     code, _, err = nmt_cli(
-        "train", *train_args(other_corpus, run, *args, "max_update=3", "reset_data_check=true")
+        "train",
+        *train_args(other_corpus, run, *args, "max_update=3", "resume.reset_data_check=true"),
     )
     assert code == 0, err
-    assert "was trained on other data" in err and "going on as reset_data_check=true asks" in err
+    assert (
+        "was trained on other data" in err
+        and "going on as resume.reset_data_check=true asks" in err
+    )
     # the checkpoints now record the new data: resuming on it again needs no option
     assert num_updates(last) == 3
     code, _, err = nmt_cli("train", *train_args(other_corpus, run, *args, "max_update=4"))
@@ -410,7 +422,7 @@ def test_a_file_that_is_no_checkpoint_gets_a_whole_sentence(
     }[damage]
     for command, args in (
         ("generate", [f"checkpoint={bad}", "input=-", "device=cpu"]),
-        ("train", train_args(demo_data_dir, tmp_path / "ft", f"finetune_from={bad}")),
+        ("train", train_args(demo_data_dir, tmp_path / "ft", f"resume.finetune_from={bad}")),
     ):
         code, _, err = nmt_cli(command, *args)
         line = one_line_error(code, err, command, f"{bad}: not a readable nmt checkpoint", reason)
@@ -430,22 +442,22 @@ def test_a_truncated_index_or_array_is_blamed_on_itself(nmt_cli, demo_data_dir, 
     assert f"valid.de.{other}:" not in line
 
 
-# ------------------------------------------------------------------ 11: valid_split
+# ------------------------------------------------------------- 11: validation.split
 
 
 def test_a_valid_split_the_data_dir_lacks_is_an_error(nmt_cli, demo_data_dir, tmp_path):
     run = tmp_path / "run"
-    code, _, err = nmt_cli("train", *train_args(demo_data_dir, run, "valid_split=vaild"))
+    code, _, err = nmt_cli("train", *train_args(demo_data_dir, run, "validation.split=vaild"))
     one_line_error(
         code,
         err,
         "train",
-        "valid_split=vaild: ",
+        "validation.split=vaild: ",
         "has no such split",
         "test, train, valid",
-        "valid_split=null",
+        "validation.split=null",
     )
     assert not run.exists()
-    code, _, err = nmt_cli("train", *train_args(demo_data_dir, run, "valid_split=null"))
+    code, _, err = nmt_cli("train", *train_args(demo_data_dir, run, "validation.split=null"))
     assert code == 0, err
     assert events(run, "valid") == []

@@ -43,9 +43,15 @@ def _pipeline(corpus: Path, out: Path, mask: int) -> None:
     nmt("preprocess", *small_preprocess_args(corpus, data, "workers=2"))  # workers run too
     nmt(
         "train",
-        *train_args(data, run, "max_update=2", "save_interval_updates=1", "tensorboard=true"),
+        *train_args(
+            data,
+            run,
+            "max_update=2",
+            "checkpoint.save_interval_updates=1",
+            "logging.tensorboard=true",
+        ),
         "train_split=train",
-        "valid_split=valid",
+        "validation.split=valid",
     )
     nmt("average", f"inputs={run}", "num_last=2")
     nmt(

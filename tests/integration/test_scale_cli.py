@@ -71,15 +71,15 @@ def test_extra_corpora_join_and_a_weighted_mix_from_the_cli(nmt_cli, small_corpu
         f"data={tmp_path / 'j'}",
         f"save_dir={tmp_path / 'cli'}",
         "train_split={train:1,clean:2}",
-        "valid_split=''",
+        "validation.split=''",
         "max_tokens=500",
         "device=cpu",
         "threads=1",
         "max_update=4",
-        "log_interval=2",
-        "progress_bar=false",
-        "tensorboard=false",
-        "keep_last=-1",
+        "logging.interval=2",
+        "logging.progress_bar=false",
+        "logging.tensorboard=false",
+        "checkpoint.keep_last=-1",
         *model,
         *optim,
     )
@@ -91,7 +91,9 @@ def test_extra_corpora_join_and_a_weighted_mix_from_the_cli(nmt_cli, small_corpu
         "train": 1,
         "clean": 2,
     }
-    code, _, err = nmt_cli("train", f"data={tmp_path / 'j'}", "train_split={train:1,clean:0}")
+    code, _, err = nmt_cli(
+        "train", f"data={tmp_path / 'j'}", "save_dir=runs/x", "train_split={train:1,clean:0}"
+    )
     assert code == 2
     assert err.strip().splitlines()[-1] == (
         "nmt-train: error: train_split={train:1,clean:0}: the weight of clean must be "

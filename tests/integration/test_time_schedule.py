@@ -35,9 +35,9 @@ def time_schedule_args(data: Path, save_dir: Path, budget_s: float = BUDGET_S) -
     return [
         *common,
         f"max_time={budget_s / 3600.0!r}",
-        "log_interval=1",
-        "save_interval_updates=50",
-        "keep_last=1",
+        "logging.interval=1",
+        "checkpoint.save_interval_updates=50",
+        "checkpoint.keep_last=1",
         "optim=adam_cosine_time",
         "optim.lr=1e-3",
         "optim.warmup_fraction=0.2",
@@ -81,7 +81,7 @@ def test_a_killed_run_resumes_on_the_same_lr_curve(demo_data_dir, tmp_path):
     cfg = to_dataclass(compose_config("train", args), "train")
     lr_of = schedule_function(cfg.optim, cfg.max_update)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # stderr to a file, not a pipe nobody reads while waiting: log_interval=1 fills a 64 KiB
+    # stderr to a file, not a pipe nobody reads while waiting: logging.interval=1 fills a 64 KiB
     # pipe before 55% of the budget on a fast CPU, and the blocked run never got there
     stderr_path = tmp_path / "stderr.log"
     with stderr_path.open("wb") as stderr:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_cli_trains_what_the_library_trains(nmt_cli, demo_data_dir, tmp_path):
-    cfg = tiny_config(demo_data_dir, tmp_path / "api", max_update=5, valid_split="test")
+    cfg = tiny_config(demo_data_dir, tmp_path / "api", max_update=5, validation={"split": "test"})
     api = run_training(cfg)
     model = [f"model.{key}={value}" for key, value in asdict(cfg.model).items()]
     optim = [f"optim.{key}={value}" for key, value in asdict(cfg.optim).items() if key != "betas"]
@@ -23,15 +23,15 @@ def test_the_cli_trains_what_the_library_trains(nmt_cli, demo_data_dir, tmp_path
         f"data={demo_data_dir}",
         f"save_dir={tmp_path / 'cli'}",
         "train_split=valid",
-        "valid_split=test",
+        "validation.split=test",
         "max_tokens=500",
         "device=cpu",
         "threads=1",
         "max_update=5",
-        "log_interval=2",
-        "progress_bar=false",
-        "tensorboard=false",
-        "keep_last=-1",
+        "logging.interval=2",
+        "logging.progress_bar=false",
+        "logging.tensorboard=false",
+        "checkpoint.keep_last=-1",
         *model,
         *optim,
     )

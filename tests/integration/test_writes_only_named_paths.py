@@ -63,7 +63,7 @@ def test_the_pipeline_writes_only_where_it_is_told(small_corpus, tmp_path):
         "threads=1",
         "device=cpu",
         "max_tokens=500",
-        "progress_bar=false",
+        "logging.progress_bar=false",
         "model.embed_dim=16",
         "model.ffn_dim=32",
         "model.attention_heads=2",

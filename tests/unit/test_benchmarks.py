@@ -35,6 +35,7 @@ MODULES = [
 ]
 DEMO = common.REPO / "data" / "demo"
 BEFORE_ISSUE_16 = "f3ffaaf"  # old APIs: Trainer(cfg)._train_step, nmt.commands.generate.Translator
+BEFORE_SECTIONS = "63aba36"  # TrainConfig's flat keys (valid_split=, ...), Trainer.train_step
 TINY_TRAIN = [
     "--model",
     "transformer_tiny",
@@ -273,6 +274,18 @@ def test_train_paired_drives_the_trainer_of_f3ffaaf(demo_data_dir, tmp_path):
     loss = figures["mean_loss"]
     assert loss["before/fp32"] == pytest.approx(loss["after/fp32"], rel=1e-6)
     assert figures["before"] == common.revision_id(BEFORE_ISSUE_16)
+
+
+@pytest.mark.skipif(not has_revision(BEFORE_SECTIONS), reason=f"{BEFORE_SECTIONS} not in history")
+def test_train_paired_against_the_flat_config_computes_the_same_updates(demo_data_dir, tmp_path):
+    """The sectioned TrainConfig and the Trainer's functions train exactly as 0.1's flat
+    config and methods did: the same loss to the bit (the overrides are renamed for it)."""
+    argv = ["--data", str(demo_data_dir), "--before", BEFORE_SECTIONS, *TINY_TRAIN]
+    argv += ["--precisions", "fp32", "--chunk", "1", "--turns", "2", "--warmup-turns", "0"]
+    figures = bench("train_paired", argv, tmp_path)
+    loss = figures["mean_loss"]
+    assert loss["before/fp32"] == loss["after/fp32"]
+    assert figures["before"] == common.revision_id(BEFORE_SECTIONS)
 
 
 def test_train_paired_wants_whole_cycles_of_turns(demo_data_dir, capsys):

@@ -35,10 +35,8 @@ def run_dir(demo_data_dir, tmp_path_factory):
             demo_data_dir,
             save_dir,
             max_update=4,
-            save_interval_updates=1,
-            valid_split="test",
-            validate_interval_updates=1,
-            keep_best=2,
+            checkpoint={"save_interval_updates": 1, "keep_best": 2},
+            validation={"split": "test", "interval_updates": 1},
         )
     )
     return save_dir
@@ -98,7 +96,7 @@ def test_last_fraction_takes_the_checkpoints_of_the_last_part_of_the_run(run_dir
 def test_last_fraction_refuses_a_window_that_keep_last_cut(run_dir, tmp_path):
     cut = tmp_path / "cut"
     cut.mkdir()
-    for u in (3, 4):  # as keep_last=2 would have left it
+    for u in (3, 4):  # as checkpoint.keep_last=2 would have left it
         (cut / f"checkpoint_1_{u}.pt").write_bytes((run_dir / f"checkpoint_1_{u}.pt").read_bytes())
     assert len(select_last_fraction(cut, 0.25)) == 2  # starts at update 3: whole
     for fraction in (0.5, 1.0):  # would start at update 2 or 0, deleted

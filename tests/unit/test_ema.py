@@ -1,4 +1,4 @@
-"""The moving average of the weights (ema_decay): its recursion, tied weights, its place
+"""The moving average of the weights (checkpoint.ema_decay): its recursion, tied weights, its place
 in checkpoints, resume, and nmt-average weights=ema."""
 
 from __future__ import annotations
@@ -94,9 +94,13 @@ def test_restart_starts_again_from_the_current_weights():
 
 @pytest.fixture(scope="module")
 def ema_run(demo_data_dir, tmp_path_factory) -> Path:
-    """6 updates with ema_decay, a numbered checkpoint after each."""
+    """6 updates with checkpoint.ema_decay, a numbered checkpoint after each."""
     save_dir = tmp_path_factory.mktemp("ema") / "run"
-    run_training(tiny_config(demo_data_dir, save_dir, ema_decay=DECAY, save_interval_updates=1))
+    run_training(
+        tiny_config(
+            demo_data_dir, save_dir, checkpoint={"ema_decay": DECAY, "save_interval_updates": 1}
+        )
+    )
     return save_dir
 
 
@@ -123,8 +127,8 @@ def test_training_updates_the_average_once_per_update_with_the_new_weights(ema_r
 
 def test_a_resumed_run_continues_the_same_average(demo_data_dir, ema_run, tmp_path):
     run = tmp_path / "run"
-    run_training(tiny_config(demo_data_dir, run, ema_decay=DECAY, max_update=3))
-    run_training(tiny_config(demo_data_dir, run, ema_decay=DECAY))
+    run_training(tiny_config(demo_data_dir, run, max_update=3, checkpoint={"ema_decay": DECAY}))
+    run_training(tiny_config(demo_data_dir, run, checkpoint={"ema_decay": DECAY}))
     resumed = load_checkpoint(run / "checkpoint_last.pt")["train_state"]["ema"]
     straight = _numbered(ema_run, 6)["train_state"]["ema"]
     assert resumed["updates"] == 6
@@ -137,7 +141,7 @@ def test_turning_the_average_on_when_resuming_starts_it_from_the_resumed_weights
     run = tmp_path / "run"
     run_training(tiny_config(demo_data_dir, run, max_update=3))
     assert "ema" not in load_checkpoint(run / "checkpoint_last.pt")["train_state"]
-    run_training(tiny_config(demo_data_dir, run, ema_decay=DECAY))
+    run_training(tiny_config(demo_data_dir, run, checkpoint={"ema_decay": DECAY}))
     assert load_checkpoint(run / "checkpoint_last.pt")["train_state"]["ema"]["updates"] == 3
 
 
@@ -161,12 +165,12 @@ def test_nmt_average_reads_the_moving_average(ema_run, tmp_path):
 def test_weights_ema_of_a_run_without_the_average_is_a_clear_error(demo_data_dir, tmp_path):
     run = tmp_path / "plain"
     run_training(tiny_config(demo_data_dir, run, max_update=2))
-    with pytest.raises(NmtError, match=r"holds no moving average .* ema_decay > 0"):
+    with pytest.raises(NmtError, match=r"holds no moving average .* checkpoint.ema_decay > 0"):
         average(AverageConfig(inputs=str(run), num_last=1, weights="ema"))
 
 
 def test_settings_out_of_range_are_refused(demo_data_dir, tmp_path):
-    with pytest.raises(NmtError, match=r"^ema_decay=1.0: must be in \[0, 1\)"):
-        tiny_config(demo_data_dir, tmp_path, ema_decay=1.0).validate()
-    with pytest.raises(NmtError, match=r"^weights=last: use model .* or ema"):
+    with pytest.raises(NmtError, match=r"^checkpoint.ema_decay=1.0: must be in \[0, 1\)"):
+        tiny_config(demo_data_dir, tmp_path, checkpoint={"ema_decay": 1.0}).validate()
+    with pytest.raises(NmtError, match=r"^weights=last: unknown; use model .* or ema"):
         AverageConfig(inputs="runs/x", num_last=1, weights="last").validate()

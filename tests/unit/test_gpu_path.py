@@ -30,11 +30,12 @@ from nmt.generation.generator import SequenceGenerator
 from nmt.model.kernels import FastKernels
 from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime
-from nmt.training import build_training, state
+from nmt.training import build_training, run, state
 from nmt.training.checkpointing import BestTracker, rng_state, set_rng_state
 from nmt.training.meter import TrainMeter
 from nmt.training.optim import LRScheduler, build_optimizer, schedule_function
 from nmt.training.scaler import LossScaler
+from nmt.training.step import train_step
 from nmt.training.trainer import Progress, Trainer
 from nmt.vocab import EOS, PAD
 
@@ -67,13 +68,15 @@ def test_an_fp32_update_never_waits_for_the_device(
 ):
     trainer = _on_meta(
         build_training(
-            tiny_config(demo_data_dir, tmp_path / "run", update_freq=update_freq, clip_norm=0.5)
+            tiny_config(
+                demo_data_dir, tmp_path / "run", update_freq=update_freq, optim={"clip_norm": 0.5}
+            )
         )
     )
     batches = trainer.data.epoch_batches(1)
     reads = DeviceReads(monkeypatch)
     for u in range(4):
-        trainer.train_step(batches[u * update_freq : (u + 1) * update_freq])
+        train_step(trainer, batches[u * update_freq : (u + 1) * update_freq])
     assert trainer.progress.num_updates == 4
     assert reads.log == []
 
@@ -85,7 +88,7 @@ def test_an_fp16_update_reads_the_device_once(demo_data_dir, tmp_path, monkeypat
     batches = trainer.data.epoch_batches(1)
     reads = DeviceReads(monkeypatch, answer=lambda t, method: True)  # finite: step
     for u in range(3):
-        trainer.train_step(batches[2 * u : 2 * u + 2])
+        train_step(trainer, batches[2 * u : 2 * u + 2])
     assert trainer.progress.num_updates == 3
     assert reads.log == [("__bool__", ())] * 3
 
@@ -113,15 +116,15 @@ def test_a_ddp_job_agrees_on_the_host_without_waiting_for_the_device(
             demo_data_dir,
             tmp_path / str(max_update),
             max_update=max_update,
-            no_save=True,
-            log_interval=1000,
+            checkpoint={"no_save": True},
+            logging={"interval": 1000},
         )
         trainer = _on_meta(build_training(cfg))
         trainer.env = DistEnv(rank=0, world_size=2, local_rank=0)
         # the meter's reads: no update had a non-finite gradient (-1), zero sums
         reads = DeviceReads(monkeypatch, lambda t, method: -1 if method == "__int__" else None)
         reductions.clear()
-        result = trainer.run()
+        result = run(trainer)
         assert result.num_updates == max_update
         host = [d for d in reductions if d.type == "cpu"]
         assert len(host) == 2 * max_update  # out-of-memory and stop flags, per update
@@ -276,7 +279,7 @@ def test_a_save_copies_device_tensors_to_the_host_once(demo_data_dir, tmp_path, 
     """Weights and optimizer state on the (meta) device: each tensor is copied to the host
     exactly once per save, and the file holds host tensors."""
     trainer = _on_meta(build_training(tiny_config(demo_data_dir, tmp_path / "run")))
-    trainer.train_step(trainer.data.epoch_batches(1)[:1])
+    train_step(trainer, trainer.data.epoch_batches(1)[:1])
     on_device = len(trainer.model.state_dict()) + sum(
         v.device == META for s in trainer.optimizer.state.values() for v in s.values()
     )
@@ -346,10 +349,10 @@ def test_a_training_batch_without_padding_gives_sdpa_no_mask(demo_data_dir, tmp_
     sizes = trainer.data.train.src_sizes
     short, long = int(np.argmin(sizes)), int(np.argmax(sizes))
     masks = _attention_masks(monkeypatch)
-    trainer.train_step([np.array([short, short])])  # one length: no padding
+    train_step(trainer, [np.array([short, short])])  # one length: no padding
     assert len(masks) == 3 and all(m is None for m in masks)  # 1 encoder + 1 decoder layer
     masks.clear()
-    trainer.train_step([np.array([short, long])])
+    train_step(trainer, [np.array([short, long])])
     assert sum(m is not None for m in masks) == 2  # encoder self- and cross-attention
 
 

@@ -117,15 +117,6 @@ THIRD_PARTY = {
     "prometheus_client": (("serving",), "as fastapi"),
 }
 
-# Import edges (importer, imported) of cycles that the trainer's one style removes (issue
-# 47: loop/state/step import the Trainer back under TYPE_CHECKING). Each must still exist:
-# when the cycle goes, its entry goes.
-PENDING_CYCLE_EDGES = {
-    ("nmt.training.loop", "nmt.training.trainer"),
-    ("nmt.training.state", "nmt.training.trainer"),
-    ("nmt.training.step", "nmt.training.trainer"),
-}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -240,15 +231,15 @@ def layer_violations(imports: Iterable[Import], modules: Iterable[str]) -> list[
     return found
 
 
-def import_cycles(imports: Iterable[Import], allowed: set[tuple[str, str]]) -> list[str]:
+def import_cycles(imports: Iterable[Import]) -> list[str]:
     """Each cycle of nmt modules importing each other, as the imports that close it (file
-    and line); the edges in `allowed` are left out. After a cycle is found, its last edge
+    and line). After a cycle is found, its last edge
     is removed and the search goes on, so that every cycle is named at least once."""
     first: dict[tuple[str, str], Import] = {}
     for imp in imports:
         if is_nmt(imp.name) and imp.name != imp.importer:
             first.setdefault((imp.importer, imp.name), imp)
-    edges = set(first) - allowed
+    edges = set(first)
     cycles = []
     while True:
         graph: dict[str, set[str]] = {}
@@ -292,14 +283,8 @@ def test_every_import_follows_the_layers():
 
 
 def test_no_import_cycles():
-    problems = import_cycles(all_imports(), PENDING_CYCLE_EDGES)
+    problems = import_cycles(all_imports())
     assert not problems, "\n".join(problems)
-
-
-def test_each_pending_cycle_edge_still_exists():
-    edges = {(imp.importer, imp.name) for imp in all_imports()}
-    gone = sorted(PENDING_CYCLE_EDGES - edges)
-    assert not gone, f"these imports are gone: remove them from PENDING_CYCLE_EDGES: {gone}"
 
 
 SAMPLE = """
@@ -360,13 +345,13 @@ def test_the_cycle_check_names_every_import_of_a_cycle():
     a = Import("nmt/data/build.py", 149, "nmt.data.build", "nmt.data.join")
     b = Import("nmt/data/join.py", 36, "nmt.data.join", "nmt.data.build")
     c = Import("nmt/data/join.py", 30, "nmt.data.join", "nmt.data.config")
-    (cycle,) = import_cycles([a, b, c], set())
+    (cycle,) = import_cycles([a, b, c])
     assert cycle.startswith("import cycle: ")
     assert set(cycle.removeprefix("import cycle: ").split("; ")) == {
         "nmt/data/build.py:149 imports nmt.data.join",
         "nmt/data/join.py:36 imports nmt.data.build",
     }
-    assert import_cycles([a, b, c], {("nmt.data.join", "nmt.data.build")}) == []
+    assert import_cycles([a, c]) == []
 
 
 def markdown_tables() -> str:

@@ -39,15 +39,55 @@ def count_parameters(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> int:
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_preset_sets_every_field_with_a_comment(name):
+def test_preset_states_only_what_differs_from_the_defaults_with_a_comment(name):
     text = (PRESET_DIR / f"transformer_{name}.yaml").read_text()
-    keys = [
-        line.split(":", 1)[0] for line in text.splitlines() if line and not line.startswith("#")
-    ]
-    assert sorted(keys) == sorted(f.name for f in dataclasses.fields(ModelConfig))
+    stated = OmegaConf.to_container(OmegaConf.create(text))
+    assert isinstance(stated, dict)
+    defaults = dataclasses.asdict(ModelConfig())
+    assert stated and set(stated) <= set(defaults)
+    assert all(stated[key] != defaults[key] for key in stated), "a default restated"
     for line in text.splitlines():
         assert line.startswith("#") or " # " in line, f"uncommented line: {line!r}"
     preset(name).validate(8000, 8000, PAD)
+
+
+# What each preset gave in 0.1, when its file stated every key: the same models now.
+SAME_IN_EVERY_PRESET = dict(
+    activation_fn="relu",
+    normalize_before=False,
+    max_source_positions=1024,
+    max_target_positions=1024,
+    learned_pos=False,
+    scale_embedding=True,
+    layernorm_embedding=False,
+    share_decoder_input_output_embed=True,
+)
+# name: embed_dim, ffn_dim, heads, encoder/decoder layers, dropout, attention and activation
+# dropout, share_all_embeddings
+PRESET_VALUES = {
+    "tiny": (128, 512, 4, 2, 0.1, 0.0, 0.0, False),
+    "small": (256, 1024, 4, 3, 0.3, 0.1, 0.1, False),
+    "iwslt_de_en": (512, 1024, 4, 6, 0.3, 0.0, 0.0, False),
+    "base": (512, 2048, 8, 6, 0.1, 0.0, 0.0, True),
+    "big": (1024, 4096, 16, 6, 0.3, 0.0, 0.0, True),
+}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_give_the_models_they_gave_when_they_stated_every_key(name):
+    dim, ffn, heads, layers, dropout, attention, activation, share_all = PRESET_VALUES[name]
+    assert dataclasses.asdict(preset(name)) == {
+        **SAME_IN_EVERY_PRESET,
+        "embed_dim": dim,
+        "ffn_dim": ffn,
+        "attention_heads": heads,
+        "encoder_layers": layers,
+        "decoder_layers": layers,
+        "dropout": dropout,
+        "attention_dropout": attention,
+        "activation_dropout": activation,
+        "share_all_embeddings": share_all,
+    }
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,12 @@
 """Learning-rate schedules as pure functions, and Adam's options."""
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from nmt.errors import NmtError
 from nmt.training.config import OptimConfig
@@ -246,5 +249,66 @@ def test_a_time_schedule_needs_a_time_budget():
     from nmt.training.config import TrainConfig
 
     with pytest.raises(NmtError, match=r"^optim.schedule_unit=time: .* set max_time \(hours\)"):
-        TrainConfig(optim=_time_cfg(), max_update=1000).validate()
-    TrainConfig(optim=_time_cfg(), max_time=1.0).validate()  # the cosine needs no max_update
+        TrainConfig(data="d", save_dir="r", optim=_time_cfg(), max_update=1000).validate()
+    TrainConfig(
+        data="d", save_dir="r", optim=_time_cfg(), max_time=1.0
+    ).validate()  # the cosine needs no max_update
+
+
+# --------------------------------------------------------------------------- presets
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "optim"
+# What each recipe of configs/optim/ gave in 0.1, when its file stated every key:
+# lr, weight_decay, decoupled, scheduler, warmup_updates, min_lr, schedule_unit, warmup_fraction
+PRESET_VALUES = {
+    "adam_inverse_sqrt": (5e-4, 0.0, False, "inverse_sqrt", 4000, 0.0, "updates", 0.0),
+    "adam_cosine": (7e-4, 0.01, True, "cosine", 1000, 1e-6, "updates", 0.0),
+    "adam_cosine_time": (7e-4, 0.01, True, "cosine", 0, 1e-6, "time", 0.1),
+    "adam_fixed": (1e-4, 0.0, False, "fixed", 0, 0.0, "updates", 0.0),
+}
+SAME_IN_EVERY_PRESET = dict(
+    betas=[0.9, 0.98], eps=1e-8, clip_norm=0.0, warmup_init_lr=1e-7, decay_updates=0
+)
+
+
+def _preset(name: str) -> tuple[dict, OptimConfig]:
+    """(what the file states, the OptimConfig Hydra merges it into)."""
+    stated = OmegaConf.load(PRESET_DIR / f"{name}.yaml")
+    merged = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(OptimConfig), stated))
+    assert isinstance(merged, OptimConfig)
+    return OmegaConf.to_container(stated), merged  # type: ignore[return-value]
+
+
+def test_every_recipe_file_is_tested():
+    assert sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) == sorted(PRESET_VALUES)
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_VALUES))
+def test_recipes_give_the_optimizers_they_gave_when_they_stated_every_key(name):
+    lr, decay, decoupled, scheduler, warmup, min_lr, unit, fraction = PRESET_VALUES[name]
+    assert dataclasses.asdict(_preset(name)[1]) == {
+        **SAME_IN_EVERY_PRESET,
+        "lr": lr,
+        "weight_decay": decay,
+        "decoupled_weight_decay": decoupled,
+        "scheduler": scheduler,
+        "warmup_updates": warmup,
+        "min_lr": min_lr,
+        "schedule_unit": unit,
+        "warmup_fraction": fraction,
+        "decay_fraction": 1.0,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_VALUES))
+def test_recipes_state_their_scheduler_and_what_differs_from_the_defaults(name):
+    """Each file names its scheduler (what the recipe is) and otherwise only the keys whose
+    value differs from OptimConfig's, each with a comment."""
+    stated, _ = _preset(name)
+    defaults = dataclasses.asdict(OptimConfig())
+    assert "scheduler" in stated and set(stated) <= set(defaults)
+    restated = [k for k in stated if k != "scheduler" and stated[k] == defaults[k]]
+    assert restated == [], restated
+    text = (PRESET_DIR / f"{name}.yaml").read_text()
+    for line in text.splitlines():
+        assert line.startswith("#") or " # " in line, f"uncommented line: {line!r}"

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+from typing import Any
 
 import pytest
 import torch
 from helpers import assert_bitwise_equal, last_params, run_training, tiny_config
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.config import DEPRECATED_KEYS
 from nmt.training import build_training
-from nmt.training.trainer import Trainer
+from nmt.training import step as step_module
+from nmt.training.averaging import average
+from nmt.training.config import AverageConfig
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,15 +76,15 @@ def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(
 ):
     """A second SIGTERM (Slurm signals the job step, torchrun forwards its own) must not
     cut the save short: the run still stops after update 3 with checkpoint_last saved."""
-    real_step = Trainer.train_step
+    real_step = step_module.train_step
 
-    def step_then_signal(self, group):
-        real_step(self, group)
-        if self.progress.num_updates == 3:
+    def step_then_signal(t, group):
+        real_step(t, group)
+        if t.progress.num_updates == 3:
             for _ in range(sigterms):  # arrives mid-loop, like a scheduler's kill
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+    monkeypatch.setattr(step_module, "train_step", step_then_signal)
     result = run_training(
         tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL)
     )
@@ -89,7 +94,7 @@ def test_sigterm_finishes_the_update_saves_and_resumes_bitwise(
         and result.num_updates == 3
     )
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
-    monkeypatch.setattr(Trainer, "train_step", real_step)
+    monkeypatch.setattr(step_module, "train_step", real_step)
     run_training(tiny_config(demo_data_dir, tmp_path / "run", update_freq=2, max_update=TOTAL))
     assert_bitwise_equal(last_params(tmp_path / "run"), last_params(uninterrupted))
 
@@ -110,16 +115,14 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
             demo_data_dir,
             tmp_path / "run",
             max_update=8,
-            reset_lr_scheduler=True,
-            reset_dataloader=True,
-            reset_optimizer=True,
+            resume={"reset_lr_scheduler": True, "reset_dataloader": True, "reset_optimizer": True},
         )
     )
     assert t.progress.num_updates == 5 and (t.progress.epoch, t.progress.position) == (1, 0)
     # the schedule restarts
     assert t.scheduler.lr_at(t.progress.num_updates) == t.cfg.optim.warmup_init_lr
     assert not t.optimizer.state  # fresh Adam moments
-    t.close()  # a built Trainer holds save_dir's lock until it runs or is closed
+    t.run_lock.close()  # a built Trainer holds save_dir's lock until it runs or this
     kept = build_training(tiny_config(demo_data_dir, tmp_path / "run", max_update=8))
     assert kept.progress.position > 0 and kept.optimizer.state
 
@@ -127,7 +130,7 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
         tiny_config(
             demo_data_dir,
             tmp_path / "ft",
-            finetune_from=str(tmp_path / "run" / "checkpoint_last.pt"),
+            resume={"finetune_from": str(tmp_path / "run" / "checkpoint_last.pt")},
         )
     )
     assert ft.progress.num_updates == 0 and not ft.optimizer.state
@@ -136,7 +139,7 @@ def test_resets_and_finetune(demo_data_dir, tmp_path):
 
 @pytest.mark.parametrize(
     "option",
-    [dict(src_subword_alpha=0.2, tgt_subword_alpha=0.2), dict(rdrop_alpha=5.0)],
+    [dict(subword={"src_alpha": 0.2, "tgt_alpha": 0.2}), dict(loss={"rdrop_alpha": 5.0})],
     ids=["subword_sampling", "rdrop"],
 )
 def test_resume_with_regularization_is_bitwise_equal_too(demo_data_dir, tmp_path, option):
@@ -157,3 +160,43 @@ def test_resume_with_regularization_is_bitwise_equal_too(demo_data_dir, tmp_path
         last_params(plain)["encoder.embed_tokens.weight"],
         last_params(run)["encoder.embed_tokens.weight"],
     )
+
+
+def flat_layout(config: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's `config` as release 0.1 wrote it: TrainConfig's keys flat
+    (valid_split, eval_bleu_beam, clip_norm, ...), with no sections."""
+    flat = {k: v for k, v in config.items() if not isinstance(v, dict) or k in ("model", "optim")}
+    flat["optim"] = dict(config["optim"])
+    for old, (new, _) in DEPRECATED_KEYS["train"].items():
+        node = config
+        *path, leaf = new.split(".")
+        for key in path:
+            node = node[key]
+        flat[old] = node[leaf]
+    del flat["optim"]["clip_norm"]
+    return flat
+
+
+def test_a_checkpoint_with_0_1s_flat_config_resumes_bitwise_and_averages(
+    demo_data_dir, tmp_path, uninterrupted
+):
+    """Checkpoints of 0.1 hold their training config flat: a run resumes from one as from
+    its own (bitwise), and nmt-average keeps that config as the record it is."""
+    run = tmp_path / "run"
+    run_training(tiny_config(demo_data_dir, run, update_freq=2, max_update=5))
+    last = run / "checkpoint_last.pt"
+    ckpt = load_checkpoint(last)
+    assert "validation" in ckpt["config"] and "valid_split" not in ckpt["config"]
+    ckpt["config"] = flat_layout(ckpt["config"])
+    assert ckpt["config"]["valid_split"] == "" and "validation" not in ckpt["config"]
+    save_checkpoint(ckpt, last)
+    old = tmp_path / "old.pt"
+    shutil.copyfile(last, old)
+
+    run_training(tiny_config(demo_data_dir, run, update_freq=2, max_update=TOTAL))
+    assert_bitwise_equal(last_params(run), last_params(uninterrupted))
+    assert "validation" in load_checkpoint(last)["config"]  # written in the new layout
+
+    averaged = average(AverageConfig(inputs=[str(old)], output=str(tmp_path / "avg.pt")))
+    record = load_checkpoint(averaged.output)["config"]
+    assert record["training_config"] == ckpt["config"]  # the flat config, as it was

@@ -1,4 +1,4 @@
-"""Subword regularization (src_subword_alpha / tgt_subword_alpha): SentencePiece's own
+"""Subword regularization (subword.src_alpha / subword.tgt_alpha): SentencePiece's own
 segmentation without sampling, SentencePiece's own sampling distribution with it, the same
 draws in every process, batches within max_tokens, and validation untouched."""
 
@@ -21,6 +21,7 @@ from nmt.data.binarize import TokenArray
 from nmt.data.subword_sampling import Segmenter
 from nmt.data.tokenizer import Tokenizer, load_tokenizers
 from nmt.training.data import load_train_data
+from nmt.training.validation import validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,7 +135,7 @@ from pathlib import Path
 from helpers import tiny_config
 from nmt.training.data import load_train_data
 data = load_train_data(tiny_config(Path(sys.argv[2]), Path(sys.argv[3]),
-                                   src_subword_alpha=0.1, tgt_subword_alpha=0.1))
+                                   subword={"src_alpha": 0.1, "tgt_alpha": 0.1}))
 rows = data.epoch_batches(3)[2]
 print(json.dumps([[s.tolist(), t.tolist()] for s, t in data.train_pairs(rows, 3)]))
 """
@@ -155,7 +156,7 @@ def test_a_batch_draws_the_same_segmentations_in_every_process(
         check=True,
     ).stdout
     data = load_train_data(
-        tiny_config(demo_data_dir, tmp_path / "run", src_subword_alpha=0.1, tgt_subword_alpha=0.1)
+        tiny_config(demo_data_dir, tmp_path / "run", subword={"src_alpha": 0.1, "tgt_alpha": 0.1})
     )
     rows = data.epoch_batches(3)[2]
     data.train_pairs(data.epoch_batches(3)[0], 3)  # other draws before: no matter
@@ -175,7 +176,7 @@ def test_a_batch_draws_the_same_segmentations_in_every_process(
 
 
 def test_one_side_only(demo_data_dir: Path, tmp_path: Path) -> None:
-    data = load_train_data(tiny_config(demo_data_dir, tmp_path / "run", src_subword_alpha=0.1))
+    data = load_train_data(tiny_config(demo_data_dir, tmp_path / "run", subword={"src_alpha": 0.1}))
     rows = data.epoch_batches(1)[0]
     sampled, stored = data.train_pairs(rows, 1), data.train.pairs(rows)
     assert all(np.array_equal(a[1], b[1]) for a, b in zip(sampled, stored))
@@ -190,8 +191,7 @@ def test_sampled_batches_keep_within_max_tokens(demo_data_dir: Path, tmp_path: P
         demo_data_dir,
         tmp_path / "run",
         max_tokens=300,
-        src_subword_alpha=0.1,
-        tgt_subword_alpha=0.1,
+        subword={"src_alpha": 0.1, "tgt_alpha": 0.1},
     )
     data = load_train_data(cfg)
     assert data.sampler is not None
@@ -216,11 +216,10 @@ def test_validation_never_samples(demo_data_dir: Path, tmp_path: Path) -> None:
         cfg = tiny_config(
             demo_data_dir,
             tmp_path / f"run{alpha}",
-            valid_split="test",
-            src_subword_alpha=alpha,
-            tgt_subword_alpha=alpha,
+            validation={"split": "test"},
+            subword={"src_alpha": alpha, "tgt_alpha": alpha},
         )
-        figures.append(build_training(cfg).validate())
+        figures.append(validate(build_training(cfg)))
     for key in ("loss", "nll", "ntokens"):
         assert figures[0][key] == figures[1][key]
 

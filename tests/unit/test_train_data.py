@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_bitwise_equal, last_params, run_training, tiny_config
+from helpers import assert_bitwise_equal, last_params, run_training, tiny_config, with_overrides
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data import build_data_dir
@@ -142,19 +142,21 @@ def test_joined_shards_are_trained_on_one_per_epoch_and_resume_mid_shard(
         "shards" not in json.loads((tmp_path / "s0" / "meta.json").read_text())["splits"]["train"]
     )
 
-    cfg = tiny_config(tmp_path / "j", tmp_path / "run", train_split="train", valid_split="valid")
+    cfg = tiny_config(
+        tmp_path / "j", tmp_path / "run", train_split="train", validation={"split": "valid"}
+    )
     data = load_train_data(cfg)
     kept = [load_meta(tmp_path / s).splits["train"].kept for s in ("s0", "s1")]
     for epoch, shard in ((1, 0), (2, 1), (3, 0)):
         assert data.epoch_batches(epoch).pairs() <= len(data.train) == kept[shard]
     assert any("2 shards, one per epoch" in note for note in data.notes)
-    result = run_training(replace(cfg, max_epoch=2, max_update=0, valid_split=""))
+    result = run_training(with_overrides(cfg, max_epoch=2, max_update=0, validation={"split": ""}))
     assert result.epoch == 3
 
     # stopped in the middle of the second shard's epoch, resumed: the same run, bit for bit
     first, second = len(data.epoch_batches(1)), len(data.epoch_batches(2))
     assert second >= 3
-    straight = replace(cfg, save_dir=str(tmp_path / "straight"), valid_split="")
+    straight = with_overrides(cfg, save_dir=str(tmp_path / "straight"), validation={"split": ""})
     run_training(replace(straight, max_update=first + second - 1))
     stopped = replace(straight, save_dir=str(tmp_path / "stopped"))
     run_training(replace(stopped, max_update=first + 1))
@@ -181,12 +183,14 @@ def test_join_refuses_shards_that_do_not_fit(
 
 
 def test_validation_on_the_first_valid_max_pairs(demo_data_dir: Path, tmp_path: Path) -> None:
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", valid_split="test", valid_max_pairs=40)
+    cfg = tiny_config(
+        demo_data_dir, tmp_path / "run", validation={"split": "test", "max_pairs": 40}
+    )
     data = load_train_data(cfg)
     assert data.valid is not None and len(data.valid) == 40
     assert sorted(np.concatenate(list(data.valid_batches)).tolist()) == list(range(40))
     assert any("the first 40 of" in note for note in data.notes)
-    whole = load_train_data(replace(cfg, valid_max_pairs=0))
+    whole = load_train_data(with_overrides(cfg, validation={"max_pairs": 0}))
     assert (
         whole.valid is not None and len(whole.valid) == load_meta(demo_data_dir).splits["test"].kept
     )

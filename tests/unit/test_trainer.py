@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_MODEL, run_training, tiny_config
+from helpers import TINY_MODEL, run_training, tiny_config, with_overrides
 
 from nmt import runtime
 from nmt.checkpoint import load_checkpoint
@@ -17,8 +17,8 @@ from nmt.errors import NmtError
 from nmt.generation.loading import load_for_inference
 from nmt.training import build_training
 from nmt.training import step as step_module
+from nmt.training import validation as validation_module
 from nmt.training.config import OptimConfig
-from nmt.training.trainer import Trainer
 
 # build_training(threads=1) sets torch's global thread count; the fixture restores it after each test.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,11 +34,9 @@ def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
         demo_data_dir,
         tmp_path / "run",
         max_update=6,
-        valid_split="test",
-        validate_interval_updates=3,
-        save_interval_updates=2,
-        keep_last=2,
-        tensorboard=True,
+        validation={"split": "test", "interval_updates": 3},
+        checkpoint={"save_interval_updates": 2, "keep_last": 2},
+        logging={"tensorboard": True},
     )
     result = run_training(cfg)
     assert result.num_updates == 6 and result.stop_reason == "max_update"
@@ -50,7 +48,7 @@ def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
         "checkpoint_1_4.pt",
         "checkpoint_1_6.pt",
     } <= names
-    assert "checkpoint_1_2.pt" not in names  # pruned by keep_last=2
+    assert "checkpoint_1_2.pt" not in names  # pruned by checkpoint.keep_last=2
     assert (run / "config.yaml").read_text().startswith("data: ")
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -75,7 +73,7 @@ def test_run_writes_checkpoints_logs_and_config(demo_data_dir, tmp_path):
 
 @pytest.mark.parametrize(
     "option",
-    [{}, dict(src_subword_alpha=0.2, tgt_subword_alpha=0.2), dict(rdrop_alpha=5.0)],
+    [{}, dict(subword={"src_alpha": 0.2, "tgt_alpha": 0.2}), dict(loss={"rdrop_alpha": 5.0})],
     ids=["plain", "subword_sampling", "rdrop"],
 )
 def test_training_lowers_the_loss(demo_data_dir, tmp_path, option):
@@ -83,15 +81,15 @@ def test_training_lowers_the_loss(demo_data_dir, tmp_path, option):
         demo_data_dir,
         tmp_path / "run",
         max_update=40,
-        log_interval=20,
-        no_save=True,
         optim=OptimConfig(lr=3e-3, scheduler="fixed", warmup_updates=0),
         **option,
+        logging={"interval": 20},
+        checkpoint={"no_save": True},
     )
     run_training(cfg)
     train = [e for e in _events(tmp_path / "run") if e["type"] == "train"]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5
-    if "rdrop_alpha" in option:  # the two passes' KL is logged, and small next to the loss
+    if "loss" in option:  # the two passes' KL is logged, and small next to the loss
         assert all(0 < e["kl"] < e["loss"] for e in train)
     else:
         assert "kl" not in train[-1]
@@ -105,8 +103,8 @@ def test_bf16_follows_the_fp32_loss_curve(demo_data_dir, tmp_path):
             tmp_path / precision,
             precision=precision,
             max_update=8,
-            log_interval=4,
-            no_save=True,
+            logging={"interval": 4},
+            checkpoint={"no_save": True},
         )
         run_training(cfg)
         losses[precision] = [
@@ -127,8 +125,8 @@ def test_auto_precision_trains_as_the_precision_it_names(demo_data_dir, tmp_path
             tmp_path / precision,
             precision=precision,
             max_update=4,
-            log_interval=2,
-            no_save=True,
+            logging={"interval": 2},
+            checkpoint={"no_save": True},
         )
         run_training(cfg)
         losses[precision] = [
@@ -139,7 +137,13 @@ def test_auto_precision_trains_as_the_precision_it_names(demo_data_dir, tmp_path
 
 
 def test_clip_norm_logs_the_unclipped_norm(demo_data_dir, tmp_path):
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", clip_norm=1e-3, max_update=2, no_save=True)
+    cfg = tiny_config(
+        demo_data_dir,
+        tmp_path / "run",
+        max_update=2,
+        optim={"clip_norm": 1e-3},
+        checkpoint={"no_save": True},
+    )
     run_training(cfg)
     gnorm = [e["gnorm"] for e in _events(tmp_path / "run") if e["type"] == "train"]
     assert gnorm[0] > 1e-2
@@ -151,11 +155,11 @@ def test_max_epoch_and_eval_bleu(demo_data_dir, tmp_path):
         tmp_path / "run",
         max_update=0,
         max_epoch=1,
-        valid_split="test",
-        eval_bleu=True,
-        eval_bleu_max_sentences=8,
-        eval_bleu_len_b=3,
-        best_metric="bleu",
+        validation={
+            "split": "test",
+            "bleu": {"enabled": True, "max_sentences": 8, "len_b": 3},
+            "best_metric": "bleu",
+        },
     )
     result = run_training(cfg)
     assert result.stop_reason == "max_epoch" and result.epoch == 2
@@ -182,7 +186,9 @@ def test_a_budget_stop_mid_epoch_saves_the_final_weights_as_a_numbered_checkpoin
     them, not only the last epoch end's."""
     limits = {"max_update": 3} if budget == "max_update" else {"max_update": 50, "max_time": 1e-9}
     run = tmp_path / "run"
-    result = run_training(tiny_config(demo_data_dir, run, save_interval_updates=0, **limits))
+    result = run_training(
+        tiny_config(demo_data_dir, run, **limits, checkpoint={"save_interval_updates": 0})
+    )
     assert result.stop_reason == budget and result.epoch == 1  # mid-epoch
     final = run / f"checkpoint_1_{result.num_updates}.pt"
     assert final.exists()
@@ -193,14 +199,12 @@ def test_a_budget_stop_mid_epoch_saves_the_final_weights_as_a_numbered_checkpoin
 
 def test_patience_stops_the_run(demo_data_dir, tmp_path, monkeypatch):
     values = iter([5.0, 4.0, 4.5, 4.6, 4.7])
-    monkeypatch.setattr(Trainer, "validate", lambda self: {"loss": next(values), "nll": 0.0})
+    monkeypatch.setattr(validation_module, "validate", lambda t: {"loss": next(values), "nll": 0.0})
     cfg = tiny_config(
         demo_data_dir,
         tmp_path / "run",
         max_update=20,
-        valid_split="test",
-        validate_interval_updates=1,
-        patience=2,
+        validation={"split": "test", "interval_updates": 1, "patience": 2},
     )
     result = run_training(cfg)
     assert result.stop_reason == "patience" and result.num_updates == 4 and result.best == 4.0
@@ -220,7 +224,9 @@ def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkey
         return out
 
     monkeypatch.setattr(step_module, "output_layer_loss", poisoned)
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", save_interval_updates=2, max_update=10)
+    cfg = tiny_config(
+        demo_data_dir, tmp_path / "run", max_update=10, checkpoint={"save_interval_updates": 2}
+    )
     with pytest.raises(NmtError, match=r"update 3: the loss or gradient is not finite"):
         run_training(cfg)
     # the last good checkpoint is untouched
@@ -231,12 +237,14 @@ def test_non_finite_loss_stops_naming_the_update(demo_data_dir, tmp_path, monkey
 
 def test_long_sentences_are_skipped_on_train_and_an_error_on_valid(demo_data_dir, tmp_path, capsys):
     short = replace(TINY_MODEL, max_source_positions=12, max_target_positions=12)
-    cfg = tiny_config(demo_data_dir, tmp_path / "run", model=short, max_update=1, no_save=True)
+    cfg = tiny_config(
+        demo_data_dir, tmp_path / "run", model=short, max_update=1, checkpoint={"no_save": True}
+    )
     run_training(cfg)
     err = capsys.readouterr().err
     assert "train: skipped" in err and "longer than the model's positions" in err
     with pytest.raises(NmtError, match=r"/test: \d+ pairs .* longer than the model's positions"):
-        build_training(replace(cfg, valid_split="test"))
+        build_training(with_overrides(cfg, validation={"split": "test"}))
 
 
 @pytest.mark.parametrize(
@@ -244,7 +252,7 @@ def test_long_sentences_are_skipped_on_train_and_an_error_on_valid(demo_data_dir
     [
         ({"precision": "fp16"}, "precision=fp16"),
         ({"precision": "fp8"}, "precision=fp8"),
-        ({"best_metric": "bleu"}, "best_metric=bleu"),
+        ({"validation": {"best_metric": "bleu"}}, "validation.best_metric=bleu"),
         ({"update_freq": 0}, "update_freq=0"),
         ({"train_split": "nope"}, "train_split=nope"),
         ({"data": "/nonexistent/data-bin"}, "/nonexistent/data-bin"),
@@ -274,6 +282,7 @@ def test_cli_composes_the_yaml_and_reports_errors_in_one_line(demo_data_dir, tmp
             "train",
             [
                 f"data={demo_data_dir}",
+                f"save_dir={tmp_path / 'composed'}",
                 "model=transformer_small",
                 "optim=adam_cosine",
                 "max_update=2000",  # the cosine decay must end after the 1000 warmup updates

@@ -1,7 +1,7 @@
 """Loss scaling (the fp16 path) exercised on CPU; the CUDA runs are in tests/gpu/.
 
 fp16 needs CUDA, but its control flow (nmt.training.scaler.LossScaler: unscale before the
-norm, skip the step and lower the scale on overflow, stop below fp16_min_scale) is the same
+norm, skip the step and lower the scale on overflow, stop below fp16.min_scale) is the same
 code on CPU, so the CPU tests swap an enabled scaler into an fp32 run, with an injected
 overflow, or with fp16's real arithmetic (torch's CPU autocast to float16, slow but exact
 to fp16's rules, which nmt does not offer as precision=fp16 on a CPU).
@@ -17,7 +17,7 @@ from helpers import assert_fp16_overflows_were_skipped, tiny_config
 
 from nmt.errors import NmtError
 from nmt.runtime import Runtime
-from nmt.training import build_training
+from nmt.training import build_training, run
 from nmt.training import step as step_module
 from nmt.training.scaler import LossScaler
 from nmt.training.trainer import Trainer
@@ -55,7 +55,7 @@ def test_an_overflow_skips_the_update_and_lowers_the_scale(demo_data_dir, tmp_pa
         demo_data_dir, tmp_path, monkeypatch, overflow_at={2}, max_update=3
     )
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    result = trainer.run()
+    result = run(trainer)
     # 4 batches for 3 updates: the second batch overflowed and its update was skipped
     assert result.num_updates == 3 and trainer.progress.position == 4
     assert trainer.scaler.scale == 512.0  # halved once, not grown back yet
@@ -78,12 +78,18 @@ def test_real_fp16_overflows_halve_the_scale_and_skip_their_updates(
     halves the scale until the gradients fit, and no NaN reaches the weights. (Small
     batches: the CPU's fp16 matmuls are slow.)"""
     trainer = build_training(
-        tiny_config(demo_data_dir, tmp_path / "run", max_update=3, max_tokens=100, no_save=True)
+        tiny_config(
+            demo_data_dir,
+            tmp_path / "run",
+            max_update=3,
+            max_tokens=100,
+            checkpoint={"no_save": True},
+        )
     )
     trainer.runtime = Runtime(torch.device("cpu"), "fp16")  # autocast to float16
     trainer.scaler = LossScaler(init_scale=2.0**22)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    result = trainer.run()
+    result = run(trainer)
     assert result.num_updates == 3
     assert_fp16_overflows_were_skipped(trainer, capsys.readouterr().err, 2.0**22)
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
@@ -96,14 +102,14 @@ def test_the_scale_falling_below_the_minimum_stops_the_run(demo_data_dir, tmp_pa
         monkeypatch,
         overflow_at=set(range(1, 100)),
         max_update=20,
-        fp16_min_scale=100.0,
+        fp16={"min_scale": 100.0},
     )
     with pytest.raises(
         NmtError,
-        match=r"precision=fp16: the loss scale fell below fp16_min_scale=100 "
+        match=r"precision=fp16: the loss scale fell below fp16.min_scale=100 "
         r"at update 1",
     ):
-        trainer.run()
+        run(trainer)
     assert trainer.progress.num_updates == 0
 
 

@@ -15,7 +15,7 @@ import torch
 from helpers import NO_DROPOUT, tiny_config
 
 from nmt.errors import NmtError
-from nmt.training import build_training
+from nmt.training import build_training, run
 from nmt.training import step as step_module
 from nmt.training.trainer import Trainer
 
@@ -51,7 +51,7 @@ def test_an_out_of_memory_batch_is_skipped_and_counted(demo_data_dir, tmp_path):
     trainer = _trainer_running_out_of_memory(
         demo_data_dir, tmp_path, oom_calls={4}, max_update=3, update_freq=2
     )
-    result = trainer.run()
+    result = run(trainer)
     assert result.num_updates == 3 and trainer.oom_skips == 1
     assert (
         trainer.progress.position == 8
@@ -75,7 +75,7 @@ def test_the_skipped_update_leaves_no_partial_gradient(demo_data_dir, tmp_path):
             update_freq=2,
             model=NO_DROPOUT,
         )
-        trainer.run()
+        run(trainer)
         assert trainer.progress.num_updates == 2 and trainer.oom_skips == 1
         params[name] = trainer.model.state_dict()
     for key, value in params["after_backward"].items():
@@ -87,7 +87,7 @@ def test_repeated_out_of_memory_stops_with_a_clear_error(demo_data_dir, tmp_path
         demo_data_dir, tmp_path, oom_calls={2, 3, 4}, max_update=5, max_oom_skips=2
     )
     with pytest.raises(NmtError, match=r"out of memory in 3 updates in a row.*lower max_tokens"):
-        trainer.run()
+        run(trainer)
     assert trainer.oom_skips == 3
 
 
@@ -113,7 +113,7 @@ def test_a_cuda_librarys_allocation_failure_is_an_out_of_memory_batch(demo_data_
         "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
     )
     trainer = _trainer_failing_with(demo_data_dir, tmp_path, error, call=2, max_update=3)
-    result = trainer.run()
+    result = run(trainer)
     assert result.num_updates == 3 and trainer.oom_skips == 1
     assert [e["update"] for e in _events(tmp_path / "run", "oom")] == [2]
 
@@ -122,7 +122,7 @@ def test_other_runtime_errors_are_not_taken_for_out_of_memory(demo_data_dir, tmp
     error = RuntimeError("CUDA error: an illegal memory access was encountered")
     trainer = _trainer_failing_with(demo_data_dir, tmp_path, error, call=2, max_update=3)
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        trainer.run()
+        run(trainer)
     assert trainer.oom_skips == 0
 
 
@@ -149,7 +149,7 @@ def test_the_failed_batchs_tensors_are_freed_before_the_cache_is_emptied(
         seen.append((activations[0]() is None, sys.exc_info()[0]))
 
     monkeypatch.setattr(step_module, "free_cached_memory", free_cached_memory)
-    trainer.run()
+    run(trainer)
     assert trainer.oom_skips == 1 and seen == [(True, None)]
 
 
@@ -183,7 +183,7 @@ def test_out_of_memory_in_the_loss_or_the_backward_pass_is_skipped(
         return out
 
     monkeypatch.setattr(step_module, "output_layer_loss", loss)
-    result = trainer.run()
+    result = run(trainer)
     assert result.num_updates == 3 and trainer.oom_skips == 1
     assert [e["update"] for e in _events(tmp_path / "run", "oom")] == [2]
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
