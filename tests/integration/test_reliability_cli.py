@@ -155,13 +155,13 @@ def test_a_key_hydra_cannot_read(nmt_cli) -> None:
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["spm.vocab_size=3"], "spm.vocab_size=3: too small; SentencePiece needs more than 260: "
-         "the 4 special pieces (<s> <pad> </s> <unk>) and the 256 byte pieces "
+        (["spm.vocab_size=3"], "spm.vocab_size=3: too small: SentencePiece needs more than 260, "
+         "as the 4 special pieces (<s> <pad> </s> <unk>) and the 256 byte pieces "
          "(spm.byte_fallback=true) come first; use about 1000"),
-        (["spm.vocab_size=3", "spm.byte_fallback=false"], "spm.vocab_size=3: too small; "
-         "SentencePiece needs more than 4: the 4 special pieces (<s> <pad> </s> <unk>) come"),
+        (["spm.vocab_size=3", "spm.byte_fallback=false"], "spm.vocab_size=3: too small: "
+         "SentencePiece needs more than 4, as the 4 special pieces (<s> <pad> </s> <unk>) come"),
         (["spm.vocab_size=6", "spm.byte_fallback=false", "spm.user_defined_symbols=['<a>','<b>']"],
-         "needs more than 6: the 4 special pieces (<s> <pad> </s> <unk>) and the 2 "
+         "needs more than 6, as the 4 special pieces (<s> <pad> </s> <unk>) and the 2 "
          "spm.user_defined_symbols come first"),
         # above the reserved pieces, below what the text needs: SentencePiece's count
         (["spm.vocab_size=10", "spm.byte_fallback=false"], "spm.vocab_size=10: "),
