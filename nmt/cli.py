@@ -21,13 +21,13 @@ import difflib
 import os
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, setting
 from nmt.processes import Terminated
 
 USAGE = """usage: nmt-{name} [--config-dir DIR] [--config-name NAME] [--cfg] [KEY=VALUE ...]
@@ -79,29 +79,261 @@ def _exit(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _describe_config_error(exc: Exception, command: str = "") -> str:
-    """Hydra/OmegaConf errors are multi-line and chained; keep the lines that name the key.
-
-    A key that was renamed gets a one-line hint to its new name instead.
-    """
-    from nmt.config import RENAMED_KEYS
-
-    renamed = RENAMED_KEYS.get(command, {})
-    parts: list[str] = []
+def _describe_config_error(exc: Exception, command: str = "", overrides: Sequence[str] = ()) -> str:
+    """One line for a Hydra/OmegaConf error (they are multi-line and chained) that keeps
+    the fix Hydra's own message had: the options of a config group, the `+` to add a group,
+    the closest option to a misspelled key, how to write a list or a sweep."""
+    chain: list[BaseException] = []
     seen: BaseException | None = exc
-    while seen is not None and len(parts) < 3:
-        lines = [ln.strip() for ln in str(seen).strip().splitlines() if ln.strip()]
-        head = lines[0] if lines else type(seen).__name__
-        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
-        if key in renamed:
-            new, why = renamed[key]
-            return f"{key}: renamed to {new} ({why}); write {new}=... instead"
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    context = _ErrorContext(command, list(overrides))
+    for describe in (
+        _renamed_key,
+        _unknown_key,
+        _unknown_group_option,
+        _group_not_in_defaults,
+        _group_added_twice,
+        _several_values,
+        _wrong_type,
+        _missing_value,
+    ):
+        message = describe(chain, context)
+        if message:
+            return message
+    return "invalid configuration: " + _hydra_lines(chain)
+
+
+@dataclasses.dataclass
+class _ErrorContext:
+    """What an error's description may need: the command, the overrides as typed."""
+
+    command: str
+    overrides: list[str]
+
+    @property
+    def prog(self) -> str:
+        return f"nmt-{self.command.replace('_', '-')}"
+
+    def typed(self, key: str) -> str | None:
+        """The override the user typed for `key` (with its + or ++), if any."""
+        for override in self.overrides:
+            if re.sub(r"^(~|\+{1,2})", "", override).split("=", 1)[0] == key:
+                return override
+        return None
+
+    def value(self, key: str) -> str | None:
+        typed = self.typed(key)
+        return typed.split("=", 1)[1] if typed and "=" in typed else None
+
+    def options(self) -> list[str]:
+        """The command's options (dotted) and its config groups (model, optim, experiment)."""
+        from nmt.config import COMMANDS, option_names
+
+        if self.command not in COMMANDS:
+            return []
+        return option_names(COMMANDS[self.command]().schema) + config_groups()
+
+
+def _hydra_lines(chain: list[BaseException]) -> str:
+    """The first line of each error in the chain, and Hydra's own hints ("To append to
+    your default list use ..."), with the key each one names."""
+    parts: list[str] = []
+    for error in chain:
+        lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+        head = lines[0] if lines else type(error).__name__
+        key = getattr(error, "full_key", None)
         if key and key not in head:
             head = f"{head} (key: {key})"
-        if head not in parts and "$VALUE" not in head:
-            parts.append(head.rstrip("."))
-        seen = seen.__cause__ or seen.__context__
-    return "invalid configuration: " + ": ".join(parts)
+        hints = [ln for ln in lines[1:] if ln.startswith(("To ", "Either ", "Or "))]
+        for part in (head, *hints):
+            if part.rstrip(".") not in parts and "$VALUE" not in part:
+                parts.append(part.rstrip("."))
+    return ": ".join(parts[:4])
+
+
+def _full_key(chain: Sequence[BaseException]) -> str | None:
+    """The dotted key an OmegaConf error in the chain names."""
+    keys = (getattr(e, "full_key", None) for e in chain)
+    return next((str(k) for k in keys if k), None)
+
+
+def _renamed_key(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    from nmt.config import RENAMED_KEYS
+
+    renamed = RENAMED_KEYS.get(context.command, {})
+    key = _full_key(chain) or _overridden_key(chain)
+    if key in renamed:
+        new, why = renamed[key]
+        return f"{key}: renamed to {new} ({why}); write {new}=... instead"
+    return None
+
+
+def _overridden_key(chain: list[BaseException]) -> str | None:
+    match = re.search(r"Could not override '([^']+)'", str(chain[0]))
+    return match.group(1) if match else None
+
+
+def _unknown_key(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """`max_tokns=2048` (Hydra: "Key 'max_tokns' not in 'TrainConfig'", or "... is not in
+    struct"): the closest option instead of Hydra's hint to add the key with +."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    missing = [e for e in chain if isinstance(e, (ConfigAttributeError, ConfigKeyError))]
+    if not missing or not re.search(r"Key '[^']+' (is )?not in", str(missing[0])):
+        return None
+    key = _overridden_key(chain) or _full_key(missing)  # optm.lr, not just optm
+    return unknown_option_message(key, context) if key else None
+
+
+def unknown_option_message(key: str, context: _ErrorContext) -> str:
+    from nmt.config import closest_option
+
+    value = context.value(key)
+    shown = f"{key}={value}" if value is not None else key
+    close = closest_option(key, context.options())
+    prog = context.prog
+    if close is None:
+        return f"{shown}: not an option of {prog}; remove it ({prog} --cfg lists every option)"
+    suggestion = f"{close}={value}" if value is not None else close
+    return (
+        f"{shown}: not an option of {prog}; did you mean {suggestion}? "
+        f"({prog} --cfg lists every option)"
+    )
+
+
+def _unknown_group_option(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """`model=transformer_smal`: the group's options, and the closest one."""
+    from hydra.errors import MissingConfigException
+
+    missing = next((e for e in chain if isinstance(e, MissingConfigException)), None)
+    if missing is None or not missing.missing_cfg_file or "/" not in missing.missing_cfg_file:
+        return None
+    group, _, option = missing.missing_cfg_file.rpartition("/")
+    typed = context.typed(group) or f"{group}={option}"
+    choices = [str(o) for o in missing.options or []]
+    if not choices:
+        close = difflib.get_close_matches(group, config_groups(), n=1)
+        fix = (
+            f"did you mean {close[0]}?"
+            if close
+            else f"the config groups are {', '.join(config_groups())}"
+        )
+        return f"{typed}: {group} is not a config group; {fix}"
+    close = difflib.get_close_matches(option, choices, n=1)
+    plus = "+" * (len(typed) - len(typed.lstrip("+")))
+    guess = f"did you mean {plus}{group}={close[0]}? " if close else ""
+    return (
+        f"{typed}: no such {group} config; {guess}{group} is one of {', '.join(choices)} "
+        f"(or a file of your own: --config-dir DIR with {group}/NAME.yaml)"
+    )
+
+
+def _group_not_in_defaults(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """`experiment=x`: a group the defaults list lacks is added with +, as Hydra says."""
+    match = re.search(
+        r"Could not override '([^']+)'\. No match in the defaults list\.\s*"
+        r"To append to your default list use (\S+)",
+        str(chain[0]),
+    )
+    if not match:
+        return None
+    group, added = match.groups()
+    typed = context.typed(group) or added[1:]
+    return f"{typed}: {group} is not in {context.prog}'s defaults list; add it with +: {added}"
+
+
+def _group_added_twice(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """`+model=x` where the defaults list has model already: drop the +."""
+    match = re.search(r"Multiple values for ([^.\s]+)\.", str(chain[0]))
+    if not match:
+        return None
+    group = match.group(1)
+    typed = context.typed(group) or f"+{group}"
+    plain = re.sub(r"^\+{1,2}", "", typed)
+    return f"{typed}: {group} is chosen in the defaults list already; drop the +: {plain}"
+
+
+def _several_values(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """`optim.lr=1e-3,2e-3` without -m: a sweep (nmt-train), a list or a quoted string."""
+    match = re.search(r"Ambiguous value for argument '([^']+)'", str(chain[0]))
+    if not match:
+        return None
+    typed = match.group(1)
+    key, _, value = re.sub(r"^\+{1,2}", "", typed).partition("=")
+    sweep = (
+        "run one training per value with -m (--multirun), or " if context.command == "train" else ""
+    )
+    return (
+        f"{typed}: several values; {sweep}write a list as {key}=[{value}] or a string as "
+        f"{key}='{value}'"
+    )
+
+
+# OmegaConf's type errors, and what to write instead (DEFAULT: the option's default)
+_TYPE_FIXES = (
+    (r"could not be converted to Integer", "not a whole number", "give one such as DEFAULT"),
+    (r"could not be converted to Float", "not a number", "give one such as DEFAULT"),
+    (r"is not a valid bool", "not true or false", "write true or false"),
+    (r"is not Optional", "cannot be null", "give a value such as DEFAULT"),
+    (r"is not a ListConfig, list or tuple", "not a list", "write a list: KEY=[VALUE]"),
+    (
+        r"Cannot convert '(list|dict)' to string",
+        "not one value",
+        "give one, quoted if it has a comma",
+    ),
+)
+
+
+def _wrong_type(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """`max_tokens=lots`: what kind of value the option takes."""
+    from omegaconf.errors import ValidationError
+
+    error = next((e for e in chain if isinstance(e, ValidationError) and e.full_key), None)
+    if error is None:
+        return None
+    key, text = str(error.full_key), str(error).splitlines()[0]
+    value = context.value(key)
+    if value is None:
+        found = re.search(r"[Vv]alue '([^']*)'", text)
+        value = found.group(1) if found else "..."
+    choices = re.search(r"expected one of \[([^\]]*)\]", text)
+    if choices:
+        return f"{key}={value}: unknown; use one of {choices.group(1)}"
+    for pattern, problem, fix in _TYPE_FIXES:
+        if re.search(pattern, text):
+            default = setting(key, _schema_default(context.command, key)).split("=", 1)[1]
+            if default in ("null", "''", "???"):  # no default worth showing
+                fix = fix.replace(" such as DEFAULT", "")
+            fix = fix.replace("KEY", key).replace("VALUE", value).replace("DEFAULT", default)
+            return f"{key}={value}: {problem}; {fix}"
+    return f"{key}={value}: {text.rstrip('.')}; check the value ({context.prog} --cfg shows the defaults)"
+
+
+def _missing_value(chain: list[BaseException], context: _ErrorContext) -> str | None:
+    """A mandatory option (???) left unset."""
+    from omegaconf.errors import MissingMandatoryValue
+
+    error = next((e for e in chain if isinstance(e, MissingMandatoryValue)), None)
+    if error is None or not error.full_key:
+        return None
+    return f"{error.full_key}=???: required; give {error.full_key}=..."
+
+
+def _schema_default(command: str, key: str) -> Any:
+    """The default of a dotted option in the command's dataclass (None if not found)."""
+    from nmt.config import COMMANDS
+
+    node: Any = COMMANDS[command]().schema() if command in COMMANDS else None
+    for name in key.split("."):
+        node = getattr(node, name, None)
+    return node
+
+
+def config_groups() -> list[str]:
+    """The config groups of the built-in configs (model, optim, experiment)."""
+    return sorted(p.name for p in config_dir().iterdir() if p.is_dir() and any(p.glob("*.yaml")))
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, list[str]]:
@@ -196,21 +428,11 @@ def _unknown_keys(node: Any, path: str) -> list[str]:
     return unknown
 
 
-def check_known_keys(cfg: DictConfig, command: str) -> None:
+def check_known_keys(cfg: DictConfig, command: str, overrides: Sequence[str] = ()) -> None:
     """NmtError for a key the command does not have: Hydra lets `+key=value` add any."""
     unknown = _unknown_keys(cfg, "")
-    if not unknown:
-        return
-    key = unknown[0]
-    parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    siblings = [k for k in map(str, node.keys()) if f"{parent}.{k}".lstrip(".") not in unknown]
-    close = difflib.get_close_matches(leaf, siblings, n=1)
-    hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
-    prog = f"nmt-{command.replace('_', '-')}"
-    raise NmtError(
-        f"{key}: not an option of {prog}; {hint}remove it ({prog} --cfg lists every option)"
-    )
+    if unknown:
+        raise NmtError(unknown_option_message(unknown[0], _ErrorContext(command, list(overrides))))
 
 
 def rewrite_deprecated(name: str, overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -278,10 +500,10 @@ def compose_config(
     except NmtError:
         raise
     except Exception as exc:  # Hydra and OmegaConf raise many types; all are user mistakes here
-        raise NmtError(_describe_config_error(exc, name)) from exc
+        raise NmtError(_describe_config_error(exc, name, overrides)) from exc
     finally:
         GlobalHydra.instance().clear()
-    check_known_keys(cfg, name)
+    check_known_keys(cfg, name, overrides)
     return cfg
 
 
