@@ -13,9 +13,20 @@ import difflib
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+
+
+def config_dir() -> Path:
+    """The built-in configs: the checkout's configs/ folder, or nmt/configs in a wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if (checkout / "train.yaml").exists() or (checkout / "preprocess.yaml").exists():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("nmt.configs")))
 
 
 @dataclass(frozen=True)

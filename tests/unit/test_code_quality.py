@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CLI_LAYER = ("nmt/cli.py", "nmt/config.py", "nmt/commands/")
+CLI_LAYER = ("nmt/cli.py", "nmt/config.py", "nmt/config_errors.py", "nmt/commands/")
 FORBIDDEN_IN_LIBRARY = ("hydra", "nmt.commands", "nmt.cli", "nmt.config")
 
 
