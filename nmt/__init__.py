@@ -26,6 +26,7 @@ interop/        CTranslate2 export and fairseq import
 serving/        nmt-serve: HTTP over the Translator
 commands/       one thin module per command
 config.py       the commands (COMMANDS) and renamed keys, registered with Hydra
+config_errors.py  Hydra's composition errors as one line that keeps the fix
 cli.py          the console entry points: compose, validate, run
 """
 

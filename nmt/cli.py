@@ -7,50 +7,47 @@ against the command's dataclass, and calls `commands/<command>.run(cfg)`.
 
 Hydra's compose API is used rather than `@hydra.main` so that nothing is written to
 `outputs/DATE/TIME/`, the working directory never changes, and every configuration
-mistake is one line on stderr naming the key, with a non-zero exit.
+mistake is one line on stderr naming the key, with a non-zero exit (nmt.config_errors).
 
 Usage, as Hydra users expect:
     nmt-train data=data-bin/demo model=transformer_tiny optim.lr=1e-3
     nmt-train --config-dir my_configs --config-name my_train
     nmt-train --cfg            # print the composed config and exit
+    nmt-train -m optim.lr=1e-3,2e-3 model=transformer_tiny,transformer_small  # a sweep
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import itertools
 import os
 import re
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from nmt.config import config_dir
+from nmt.config_errors import check_known_keys, check_override_syntax, describe_config_error, quoted
 from nmt.errors import NmtError
 from nmt.processes import Terminated
 
-USAGE = """usage: nmt-{name} [--config-dir DIR] [--config-name NAME] [--cfg] [KEY=VALUE ...]
+USAGE = """usage: nmt-{name} [--config-dir DIR] [--config-name NAME] [--cfg] [-m] [KEY=VALUE ...]
 
   KEY=VALUE          override a config value (Hydra syntax: a.b=1, +new=x, ~drop, group=option)
   --config-dir DIR   also search DIR for configs (it takes precedence over the built-in ones)
   --config-name NAME the primary config to compose (default: {name})
   --cfg              print the composed, validated config and exit
+  -m, --multirun     nmt-train: a sweep, one training per combination of the values given as
+                     a,b or range(1,4) (Hydra's syntax), each in save_dir/<its values>, one
+                     after another; ends with a table, also written to save_dir/sweep.json
   debug=true         show full tracebacks instead of one-line errors
 
 Built-in configs: {config_dir}
 """
-
-
-def config_dir() -> Path:
-    """The built-in configs: the checkout's configs/ folder, or nmt/configs in a wheel."""
-    checkout = Path(__file__).resolve().parent.parent / "configs"
-    if (checkout / "train.yaml").exists() or (checkout / "preprocess.yaml").exists():
-        return checkout
-    from importlib.resources import files
-
-    return Path(str(files("nmt.configs")))
 
 
 def _fail(prog: str, message: str, code: int = 2) -> NoReturn:
@@ -80,42 +77,20 @@ def _exit(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _describe_config_error(exc: Exception, command: str = "") -> str:
-    """Hydra/OmegaConf errors are multi-line and chained; keep the lines that name the key.
+@dataclasses.dataclass
+class CommandLine:
+    """A console command's arguments: Hydra's options and the overrides."""
 
-    A key that was renamed gets a one-line hint to its new name instead.
-    """
-    from nmt.config import DEPRECATED_KEYS, RENAMED_KEYS
-
-    # a deprecated name in a config file (the command line's are rewritten before composing)
-    renamed = {
-        old: (new, f"its old name works on the command line until {removal}")
-        for old, (new, removal) in DEPRECATED_KEYS.get(command, {}).items()
-    }
-    renamed.update(RENAMED_KEYS.get(command, {}))
-    parts: list[str] = []
-    seen: BaseException | None = exc
-    while seen is not None and len(parts) < 3:
-        lines = [ln.strip() for ln in str(seen).strip().splitlines() if ln.strip()]
-        head = lines[0] if lines else type(seen).__name__
-        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
-        if key in renamed:
-            new, why = renamed[key]
-            return f"{key}: renamed to {new} ({why}); write {new}=... instead"
-        if key and key not in head:
-            head = f"{head} (key: {key})"
-        if head not in parts and "$VALUE" not in head:
-            parts.append(head.rstrip("."))
-        seen = seen.__cause__ or seen.__context__
-    return "invalid configuration: " + ": ".join(parts)
+    user_dir: str | None = None  # --config-dir
+    config_name: str | None = None  # --config-name
+    print_cfg: bool = False  # --cfg
+    show_help: bool = False  # -h, --help
+    multirun: bool = False  # -m, --multirun: a sweep (nmt-train)
+    overrides: list[str] = dataclasses.field(default_factory=list)
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, list[str]]:
-    user_dir = None
-    config_name = None
-    print_cfg = False
-    show_help = False
-    overrides: list[str] = []
+def parse_args(argv: list[str]) -> CommandLine:
+    args = CommandLine()
     it = iter(argv)
     pending: str | None = None
     for arg in it:
@@ -124,99 +99,24 @@ def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, bool, lis
             continue
         pending = arg
         if arg in ("-h", "--help"):
-            show_help = True
+            args.show_help = True
         elif arg == "--cfg":
-            print_cfg = True
+            args.print_cfg = True
+        elif arg in ("-m", "--multirun"):
+            args.multirun = True
         elif arg in ("--config-dir", "-cd"):
-            user_dir = next(it, None)
+            args.user_dir = next(it, None)
         elif arg.startswith("--config-dir="):
-            user_dir = arg.split("=", 1)[1]
+            args.user_dir = arg.split("=", 1)[1]
         elif arg in ("--config-name", "-cn"):
-            config_name = next(it, None)
+            args.config_name = next(it, None)
         elif arg.startswith("--config-name="):
-            config_name = arg.split("=", 1)[1]
+            args.config_name = arg.split("=", 1)[1]
         elif arg.startswith("-"):
             raise NmtError(f"unknown option {arg!r}; overrides are written KEY=VALUE (see --help)")
         else:
-            overrides.append(arg)
-    return user_dir, config_name, print_cfg, show_help, overrides
-
-
-def check_override_syntax(overrides: list[str]) -> None:
-    """NmtError naming the first override Hydra's grammar cannot read, and how to quote it.
-
-    Hydra reads unquoted values made of ASCII letters, digits, spaces and / - \\ + . $ % *
-    @ ? | : only; anything else (é, 日, #, &, ~, <, !) needs quotes around the value, inside
-    the shell's quotes: "data.dest='données'".
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    for override in overrides:
-        try:
-            parser.parse_override(override)
-        except Exception as exc:
-            raise NmtError(_syntax_message(override, str(exc))) from exc
-
-
-def _syntax_message(override: str, error: str) -> str:
-    key, sep, value = override.partition("=")
-    bad = re.search(r"token recognition error at: '(.)", error)
-    if not sep or (bad and bad.group(1) in key):
-        what = f"the character {bad.group(1)!r}" if bad else "it"
-        return f"{override}: not a KEY=VALUE override ({what} cannot be in a key); check it"
-    what = f"the character {bad.group(1)!r}" if bad else "this value"
-    if value.startswith("[") and value.endswith("]"):
-        items = [_quoted(v) for v in value[1:-1].split(",")]
-        suggestion = f"{key}=[{','.join(items)}]"
-    else:
-        suggestion = f"{key}={_quoted(value)}"
-    outer = "'" if '"' in suggestion else '"'  # the shell's quotes around Hydra's
-    return (
-        f"{override}: Hydra cannot read {what} unquoted; quote the value for Hydra and the "
-        f"whole for the shell: {outer}{suggestion}{outer}"
-    )
-
-
-def _quoted(value: str) -> str:
-    if value[:1] in "'\"" and value[:1] == value[-1:] and len(value) > 1:
-        return value  # quoted already
-    return f'"{value}"' if "'" in value else f"'{value}'"
-
-
-def _unknown_keys(node: Any, path: str) -> list[str]:
-    """Keys below `node` that its dataclass lacks (added with +key=value), as full names."""
-    if isinstance(node, ListConfig):
-        return [k for i, item in enumerate(node) for k in _unknown_keys(item, f"{path}[{i}]")]
-    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
-        return []
-    kind = OmegaConf.get_type(node)
-    names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
-    unknown = []
-    for key in map(str, node.keys()):
-        full = f"{path}.{key}" if path else key
-        if names is not None and key not in names:
-            unknown.append(full)
-        else:
-            unknown += _unknown_keys(node._get_node(key), full)
-    return unknown
-
-
-def check_known_keys(cfg: DictConfig, command: str) -> None:
-    """NmtError for a key the command does not have: Hydra lets `+key=value` add any."""
-    unknown = _unknown_keys(cfg, "")
-    if not unknown:
-        return
-    key = unknown[0]
-    parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(cfg, parent) if parent else cfg
-    siblings = [k for k in map(str, node.keys()) if f"{parent}.{k}".lstrip(".") not in unknown]
-    close = difflib.get_close_matches(leaf, siblings, n=1)
-    hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
-    prog = f"nmt-{command.replace('_', '-')}"
-    raise NmtError(
-        f"{key}: not an option of {prog}; {hint}remove it ({prog} --cfg lists every option)"
-    )
+            args.overrides.append(arg)
+    return args
 
 
 def rewrite_deprecated(name: str, overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -257,8 +157,7 @@ def compose_config(
     """Compose and validate `configs/<name>.yaml` with overrides (also used by tests).
 
     Deprecated keys are renamed first; their notes go to `notes`, or to stderr."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose
 
     from nmt.config import COMMANDS, register
 
@@ -269,33 +168,131 @@ def compose_config(
         for note in renamed:
             print(f"nmt-{name.replace('_', '-')}: note: {note}", file=sys.stderr)
     check_override_syntax(overrides)
-    spec = COMMANDS[name]()
-    register(spec)
-    extra = list(overrides)
+    register(COMMANDS[name]())
+    try:
+        with hydra_on_configs(name, user_dir) as search_path:
+            cfg = compose(config_name=config_name or name, overrides=overrides + search_path)
+    except NmtError:
+        raise
+    except Exception as exc:  # Hydra and OmegaConf raise many types; all are user mistakes here
+        raise NmtError(describe_config_error(exc, name, overrides)) from exc
+    check_known_keys(cfg, name, overrides)
+    return cfg
+
+
+@contextmanager
+def hydra_on_configs(name: str, user_dir: str | None) -> Iterator[list[str]]:
+    """Hydra initialized on the built-in configs, or on --config-dir DIR with the built-in
+    ones searched after DIR's; yields the overrides that set this search path."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    primary, search_path = str(config_dir()), []
     if user_dir is not None:
         path = Path(user_dir).expanduser().resolve()
         if not path.is_dir():
             raise NmtError(f"--config-dir {user_dir}: no such directory")
-        extra.append(f"hydra.searchpath=[file://{path}]")
-        primary = str(path)
-        search_builtin = True
-    else:
-        primary = str(config_dir())
-        search_builtin = False
+        primary, search_path = str(path), [f"hydra.searchpath=[file://{config_dir()}]"]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(version_base=None, config_dir=primary, job_name=f"nmt-{name}"):
-            if search_builtin:
-                extra[-1] = f"hydra.searchpath=[file://{config_dir()}]"
-            cfg = compose(config_name=config_name or name, overrides=extra)
-    except NmtError:
-        raise
-    except Exception as exc:  # Hydra and OmegaConf raise many types; all are user mistakes here
-        raise NmtError(_describe_config_error(exc, name)) from exc
+            yield search_path
     finally:
         GlobalHydra.instance().clear()
-    check_known_keys(cfg, name)
-    return cfg
+
+
+def expand_sweep(
+    overrides: list[str], user_dir: str | None = None
+) -> list[tuple[list[str], list[str]]]:
+    """(every override, the swept ones) of each run of a sweep: Hydra's multirun values
+    (a,b; range(1,4); choice(a,b); glob(transformer_*) over a group's configs) expanded by
+    Hydra's parser to their cartesian product, in BasicSweeper's order. The overrides that
+    sweep nothing are passed on as typed."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    check_override_syntax(overrides)
+    choices: list[list[tuple[str, bool]]] = []
+    with hydra_on_configs("train", user_dir):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        for typed in overrides:
+            try:
+                (override,) = parser.parse_overrides([typed])
+                if not override.is_sweep_override():
+                    choices.append([(typed, False)])
+                    continue
+                key = override.get_key_element()
+                values = [f"{key}={v}" for v in override.sweep_string_iterator()]
+            except Exception as exc:  # Hydra cannot expand it (interval(), a nested sweep)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise NmtError(
+                    f"{typed}: not a sweep nmt-train -m can run ({first.rstrip('.')}); give "
+                    "the values as a,b,c, range(start,stop[,step]) or choice(a,b)"
+                ) from exc
+            if not values:
+                raise NmtError(f"{typed}: sweeps no value; check the pattern or the values")
+            choices.append([(value, True) for value in values])
+    return [
+        ([o for o, _ in run], [o for o, swept in run if swept])
+        for run in itertools.product(*choices)
+    ]
+
+
+def sweep_main(name: str, args: CommandLine) -> int:
+    """`nmt-train -m ...`: every run composed and validated, then run one by one
+    (nmt.commands.sweep); with --cfg, each run's config printed instead."""
+    from nmt.commands import sweep
+
+    if name != "train":
+        raise NmtError(
+            f"-m (--multirun): sweeps are run by nmt-train only; run nmt-{name.replace('_', '-')} "
+            "once per value"
+        )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise NmtError(
+            "-m (--multirun) under torchrun: every rank would run the whole sweep; run "
+            "nmt-train -m without torchrun (a sweep of multi-process runs is not supported)"
+        )
+    overrides, notes = rewrite_deprecated(name, args.overrides)
+    for note in notes:
+        print(f"nmt-{name}: note: {note}", file=sys.stderr)
+    expanded = expand_sweep(overrides, args.user_dir)
+    configs = []
+    for i, (run_overrides, swept) in enumerate(expanded):
+        try:
+            cfg = compose_config(name, run_overrides, args.user_dir, args.config_name, notes=[])
+            to_dataclass(cfg, name)
+        except NmtError as exc:
+            where = " ".join(swept) or "its overrides"
+            raise NmtError(f"sweep run {i + 1} of {len(expanded)} ({where}): {exc}") from exc
+        configs.append(cfg)
+    sweep_dirs = sorted({str(cfg.save_dir) for cfg in configs})
+    if len(sweep_dirs) > 1:
+        raise NmtError(
+            f"save_dir={','.join(sweep_dirs)}: differs between the runs; give one save_dir: "
+            "each run trains in a folder of its own under it"
+        )
+    sweep_dir = Path(sweep_dirs[0])
+    names = sweep.run_names([swept for _, swept in expanded])
+    runs = [
+        sweep.SweepRun(
+            name=run_name,
+            values=swept,
+            overrides=[*run_overrides, f"save_dir={quoted(str(sweep_dir / run_name))}"],
+            save_dir=str(sweep_dir / run_name),
+        )
+        for run_name, (run_overrides, swept) in zip(names, expanded)
+    ]
+    if args.print_cfg:
+        for i, (run, cfg) in enumerate(zip(runs, configs)):
+            cfg.save_dir = run.save_dir
+            print(f"# sweep run {i + 1} of {len(runs)}: {' '.join(run.values) or '-'}")
+            print(OmegaConf.to_yaml(cfg), end="")
+        return 0
+    options = [*(["--config-dir", args.user_dir] if args.user_dir else [])]
+    options += ["--config-name", args.config_name] if args.config_name else []
+    train = [sys.executable, "-c", "from nmt.cli import train_main; train_main()", *options]
+    return sweep.run_sweep(runs, sweep_dir, train)
 
 
 def to_dataclass(cfg: DictConfig, command: str = ""):
@@ -303,7 +300,7 @@ def to_dataclass(cfg: DictConfig, command: str = ""):
     try:
         obj = OmegaConf.to_object(cfg)
     except Exception as exc:
-        raise NmtError(_describe_config_error(exc, command)) from exc
+        raise NmtError(describe_config_error(exc, command)) from exc
     validate = getattr(obj, "validate", None)
     if callable(validate):
         validate()
@@ -336,13 +333,18 @@ def main(name: str, argv: list[str] | None = None) -> None:
         os.environ.get("NMT_DEBUG")
     )
     try:
-        user_dir, config_name, print_cfg, show_help, overrides = parse_args(argv)
-        if show_help:
+        args = parse_args(argv)
+        if args.show_help:
             print(USAGE.format(name=name, config_dir=config_dir()))
             return
-        cfg = compose_config(name, overrides, user_dir, config_name)
+        if args.multirun:
+            swept = sweep_main(name, args)
+            if swept:
+                _exit(swept)
+            return
+        cfg = compose_config(name, args.overrides, args.user_dir, args.config_name)
         checked = to_dataclass(cfg, name)  # an invalid config fails here, --cfg or not
-        if print_cfg:
+        if args.print_cfg:
             print(OmegaConf.to_yaml(cfg), end="")
             return
         from nmt.config import COMMANDS

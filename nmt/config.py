@@ -8,11 +8,25 @@ Each command's YAML file (configs/<command>.yaml) starts its defaults list with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import difflib
+import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+
+
+def config_dir() -> Path:
+    """The built-in configs: the checkout's configs/ folder, or nmt/configs in a wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    if (checkout / "train.yaml").exists() or (checkout / "preprocess.yaml").exists():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("nmt.configs")))
 
 
 @dataclass(frozen=True)
@@ -163,3 +177,34 @@ COMMANDS: dict[str, Callable[[], CommandSpec]] = {
 def register(spec: CommandSpec) -> None:
     """Store the schema under `<name>_schema` for the YAML defaults list to extend."""
     ConfigStore.instance().store(name=f"{spec.name}_schema", node=spec.schema)
+
+
+def option_names(schema: type, prefix: str = "") -> list[str]:
+    """Every option of a config dataclass as its dotted key (`model.dropout`), nested
+    dataclasses included; a list's or a dict's items are not options of their own."""
+    names = []
+    hints = typing.get_type_hints(schema)
+    for field in dataclasses.fields(schema):
+        key = f"{prefix}{field.name}"
+        names.append(key)
+        kind = hints[field.name]
+        inner = [a for a in typing.get_args(kind) if a is not type(None)]
+        if typing.get_origin(kind) is typing.Union and len(inner) == 1:
+            kind = inner[0]  # Optional[X]
+        if dataclasses.is_dataclass(kind):
+            names += option_names(kind, f"{key}.")  # type: ignore[arg-type]
+    return names
+
+
+def closest_option(key: str, names: Iterable[str]) -> str | None:
+    """The option `key` most likely misspells (difflib's ratio): among its siblings first
+    (`optim.lrr` -> `optim.lr`), then among the full dotted names (`dropout` ->
+    `model.dropout`, `optm.lr` -> `optim.lr`)."""
+    names = list(names)
+    parent, _, leaf = key.rpartition(".")
+    siblings = [n.rpartition(".")[2] for n in names if n.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(leaf, siblings, n=1)
+    if close:
+        return f"{parent}.{close[0]}" if parent else close[0]
+    close = difflib.get_close_matches(key, names, n=1)
+    return close[0] if close else None

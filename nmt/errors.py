@@ -11,6 +11,8 @@ the user types them on the command line (`setting`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
 
@@ -20,23 +22,33 @@ class NmtError(Exception):
 
 def setting(key: str, value: Any) -> str:
     """`key=value` as it is written on the command line (the start of every message)."""
+    return f"{key}={_written(value)}"
+
+
+def _written(value: Any) -> str:
+    """A value as Hydra reads it back: null, true, '' for an empty string, [a,b], {a:1}."""
     if value is None:
-        text = "null"
-    elif isinstance(value, bool):
-        text = str(value).lower()
-    elif isinstance(value, str):
-        text = value if value else "''"
-    elif isinstance(value, (list, tuple)):
-        text = "[" + ",".join(str(v) for v in value) + "]"
-    elif hasattr(value, "value") and isinstance(value.value, str):  # a str Enum option
-        text = value.value
-    else:
-        text = str(value)
-    return f"{key}={text}"
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Enum):  # a str Enum option: its value, as the user wrote it
+        return str(value.value)
+    if isinstance(value, str):
+        return value if value else "''"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_written(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_written(v) for v in value) + "]"
+    return str(value)
 
 
-def option_error(key: str, value: Any, problem: str, fix: str) -> NmtError:
-    """`option=value: problem; fix`, the one style of a bad option's error."""
+def option_error(key: str, value: Any, problem: str, fix: str, *, unit: str = "") -> NmtError:
+    """`option=value: problem; fix`, the one style of a bad option's error.
+
+    A quantity's `unit` (hours, seconds, tokens) is named after the problem, `(in hours)`,
+    so that a value given in another unit (minutes for hours) shows what was read."""
+    if unit:
+        problem = f"{problem} (in {unit})"
     return NmtError(f"{setting(key, value)}: {problem}; {fix}")
 
 

@@ -90,11 +90,16 @@ def become_child_of(parent_pid: int) -> None:
 
 
 def _kill_me_when_parent_dies() -> bool:
-    """Linux's PR_SET_PDEATHSIG: the kernel sends SIGKILL when the parent exits."""
+    return signal_when_parent_dies(signal.SIGKILL)
+
+
+def signal_when_parent_dies(signum: int) -> bool:
+    """Linux's PR_SET_PDEATHSIG: the kernel sends `signum` to this process when its parent
+    exits. False where the kernel offers no such request."""
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    return libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric, Score
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, choice_error, option_error
 
 if TYPE_CHECKING:
     from sacrebleu.significance import Result
@@ -49,23 +49,24 @@ class BleuOptions:
 
     def validate(self) -> None:
         if self.tokenize is not None and self.tokenize not in BLEU.TOKENIZERS:
-            raise NmtError(
-                f"bleu.tokenize={self.tokenize}: unknown tokenizer; choose from "
-                f"{', '.join(sorted(BLEU.TOKENIZERS))} (null: 13a)"
+            raise option_error(
+                "bleu.tokenize",
+                self.tokenize,
+                "unknown tokenizer",
+                f"use one of {', '.join(sorted(BLEU.TOKENIZERS))} (null: 13a)",
             )
         if self.smooth_method not in BLEU.SMOOTH_DEFAULTS:
-            raise NmtError(
-                f"bleu.smooth_method={self.smooth_method}: unknown; choose from "
-                f"{', '.join(BLEU.SMOOTH_DEFAULTS)}"
-            )
+            raise choice_error("bleu.smooth_method", self.smooth_method, list(BLEU.SMOOTH_DEFAULTS))
         if self.smooth_value is not None and self.smooth_value < 0:
-            raise NmtError(
-                f"bleu.smooth_value={self.smooth_value}: must not be negative; use null for "
-                "sacrebleu's default"
+            raise option_error(
+                "bleu.smooth_value",
+                self.smooth_value,
+                "must not be negative",
+                "use null for sacrebleu's default",
             )
         if self.max_ngram_order < 1:
-            raise NmtError(
-                f"bleu.max_ngram_order={self.max_ngram_order}: must be 1 or more; BLEU uses 4"
+            raise option_error(
+                "bleu.max_ngram_order", self.max_ngram_order, "must be 1 or more", "BLEU uses 4"
             )
 
 
@@ -87,7 +88,9 @@ class ChrfOptions:
             ("beta", self.beta, 1, "2"),
         ):
             if value < least:
-                raise NmtError(f"chrf.{key}={value}: must be {least} or more; chrF uses {usual}")
+                raise option_error(
+                    f"chrf.{key}", value, f"must be {least} or more", f"chrF uses {usual}"
+                )
 
 
 @dataclass
@@ -127,43 +130,37 @@ class ScoreConfig:
     def validate(self) -> None:
         """Raise NmtError naming the first option that cannot work (files are read later)."""
         if not self.hyp:
-            raise NmtError(
-                f"hyp={'null' if self.hyp is None else repr(self.hyp)}: required; give the "
-                "hypothesis file (hyp=FILE, or hyp=- to read stdin)"
+            raise option_error(
+                "hyp",
+                self.hyp,
+                "required",
+                "give the hypothesis file (hyp=FILE, or hyp=- to read stdin)",
             )
         refs = as_path_list(self.refs, "refs")
         check_metric_names(self.metrics)
         self.bleu.validate()
         self.chrf.validate()
-        if self.format not in FORMATS:
-            raise NmtError(f"format={self.format}: unknown; use {' or '.join(FORMATS)}")
+        check_format(self.format)
         if self.confidence and self.confidence_n < 2:
-            raise NmtError(
-                f"confidence_n={self.confidence_n}: must be 2 or more; sacrebleu uses 1000"
+            raise option_error(
+                "confidence_n", self.confidence_n, "must be 2 or more", "sacrebleu uses 1000"
             )
-        if self.paired_test not in PAIRED_TESTS:
-            raise NmtError(
-                f"paired_test={self.paired_test}: unknown; use bs (paired bootstrap "
-                "resampling) or ar (approximate randomization)"
-            )
-        if self.paired_n < 0:
-            raise NmtError(
-                f"paired_n={self.paired_n}: must not be negative; use 0 for sacrebleu's "
-                "default (1000 resamples, 10000 trials)"
-            )
+        check_paired_test(self.paired_test, self.paired_n)
         if self.width < 0:
-            raise NmtError(f"width={self.width}: must not be negative; sacrebleu prints 1")
+            raise option_error("width", self.width, "must not be negative", "sacrebleu prints 1")
         if not self.output:
-            raise NmtError(f"output={self.output!r}: empty; give a file name, or - for stdout")
+            raise option_error("output", self.output, "empty", "give a file name, or - for stdout")
         check_input_errors(self.input_errors)
         inputs = [("hyp", self.hyp), *(("refs", r) for r in refs)]
         if self.baseline:
             inputs.append(("baseline", self.baseline))
         from_stdin = [key for key, path in inputs if path == STDIO]
         if len(from_stdin) > 1:
-            raise NmtError(
-                f"{from_stdin[1]}=-: stdin is already read as {from_stdin[0]}=-; give "
-                "the other files by name"
+            raise option_error(
+                from_stdin[1],
+                STDIO,
+                f"stdin is already read as {from_stdin[0]}=-",
+                "give the other files by name",
             )
 
 
@@ -213,12 +210,11 @@ def read_lines(
 def as_path_list(value: Any, key: str) -> list[str]:
     """A config value that is one path or a list of paths, as a non-empty list."""
     if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
-        shown = "null" if value is None else repr(value)
-        raise NmtError(f"{key}={shown}: no file given; pass {key}=FILE or {key}=[FILE1,FILE2]")
-    paths = [value] if isinstance(value, (str, os.PathLike)) else list(value)
+        raise option_error(key, value, "no file given", f"pass {key}=FILE or {key}=[FILE1,FILE2]")
+    paths = list(value) if isinstance(value, (list, tuple)) else [value]
     for p in paths:
         if not isinstance(p, (str, os.PathLike)) or not str(p):
-            raise NmtError(f"{key}={p!r}: not a file name; pass {key}=FILE or {key}=[FILE1,FILE2]")
+            raise option_error(key, p, "not a file name", f"pass {key}=FILE or {key}=[FILE1,FILE2]")
     return [str(p) for p in paths]
 
 
@@ -252,17 +248,37 @@ def read_hypotheses(
     return lines
 
 
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise choice_error("format", fmt, FORMATS)
+
+
+def check_paired_test(test_type: str, n_samples: int) -> None:
+    if test_type not in PAIRED_TESTS:
+        raise option_error(
+            "paired_test",
+            test_type,
+            "unknown",
+            "use bs (paired bootstrap resampling) or ar (approximate randomization)",
+        )
+    if n_samples < 0:
+        raise option_error(
+            "paired_n",
+            n_samples,
+            "must not be negative",
+            "use 0 for sacrebleu's default (1000 resamples, 10000 trials)",
+        )
+
+
 def check_metric_names(names: Sequence[str]) -> None:
     if isinstance(names, str):
-        raise NmtError(f"metrics={names}: a list is needed; write metrics=[{names}]")
-    shown = f"[{', '.join(map(str, names))}]"
+        raise option_error("metrics", names, "a list is needed", f"write metrics=[{names}]")
+    choose = f"choose from {', '.join(METRIC_NAMES)}"
     if not names:
-        raise NmtError(f"metrics={shown}: empty; choose from {', '.join(METRIC_NAMES)}")
+        raise option_error("metrics", list(names), "empty", choose)
     for name in names:
         if str(name).lower() not in METRIC_NAMES:
-            raise NmtError(
-                f"metrics={shown}: unknown metric {name!r}; choose from {', '.join(METRIC_NAMES)}"
-            )
+            raise option_error("metrics", list(names), f"unknown metric {name!r}", choose)
 
 
 def build_metrics(
@@ -388,13 +404,7 @@ def paired_test(
     """
     from sacrebleu.significance import PairedTest
 
-    if test_type not in PAIRED_TESTS:
-        raise NmtError(
-            f"paired_test={test_type}: unknown; use bs (paired bootstrap resampling) or ar "
-            "(approximate randomization)"
-        )
-    if n_samples < 0:
-        raise NmtError(f"paired_n={n_samples}: must not be negative; use 0 for sacrebleu's default")
+    check_paired_test(test_type, n_samples)
     test = PairedTest(
         [(baseline[0], list(baseline[1])), (system[0], list(system[1]))],
         metrics,
@@ -503,8 +513,7 @@ class ScoreReport:
         return lines
 
     def render(self, fmt: str) -> str:
-        if fmt not in FORMATS:
-            raise NmtError(f"format={fmt}: unknown; use {' or '.join(FORMATS)}")
+        check_format(fmt)
         return self.to_json() if fmt == "json" else self.to_text()
 
 
@@ -570,11 +579,13 @@ def check_output(output: str, inputs: Sequence[tuple[str, str]]) -> None:
         return
     path = Path(output)
     if path.is_dir():
-        raise NmtError(f"output={output}: is a directory; give a file name")
+        raise option_error("output", output, "is a directory", "give a file name")
     if not path.parent.is_dir():
-        raise NmtError(
-            f"output={output}: the folder {path.parent} does not exist; create it or choose "
-            "another output"
+        raise option_error(
+            "output",
+            output,
+            f"the folder {path.parent} does not exist",
+            "create it or choose another output",
         )
     check_not_an_input("output", output, list(inputs))
     check_text_output(path, "output", "nmt-score")

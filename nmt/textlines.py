@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, option_error
 
 INPUT_ERRORS = ("strict", "replace")
 STDIN = "-"
@@ -34,9 +34,12 @@ def display_name(path: str) -> str:
 def check_input_errors(value: str) -> None:
     """NmtError unless `value` is one of INPUT_ERRORS."""
     if value not in INPUT_ERRORS:
-        raise NmtError(
-            f"input_errors={value}: unknown; use strict (invalid UTF-8 is an error naming the "
-            "line) or replace (invalid bytes become U+FFFD)"
+        raise option_error(
+            "input_errors",
+            value,
+            "unknown",
+            "use strict (invalid UTF-8 is an error naming the line) or replace (invalid bytes "
+            "become U+FFFD)",
         )
 
 

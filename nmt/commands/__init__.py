@@ -3,6 +3,7 @@ prints its report. `nmt.config.COMMANDS` lists them; `nmt.cli` composes their co
 
 preprocess.py      nmt-preprocess: parallel text -> data dir (nmt.data)
 train.py           nmt-train: train on a data dir (nmt.training)
+sweep.py           nmt-train -m: a sweep's runs one after another, and their table
 average.py         nmt-average: average checkpoints' weights (nmt.training.averaging)
 generate.py        nmt-generate: translate or score text (nmt.generation.job)
 score.py           nmt-score: BLEU, chrF, TER of hypotheses (nmt.scoring)

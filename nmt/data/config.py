@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from nmt.errors import NmtError, option_error
+from nmt.errors import choice_error, option_error
 
 
 class ModelType(str, Enum):
@@ -74,13 +74,15 @@ class DataConfig:
     def validate(self) -> None:
         for key, lang in (("data.src", self.src), ("data.tgt", self.tgt)):
             if not lang or "/" in lang or lang != lang.strip() or " " in lang:
-                raise NmtError(
-                    f"{key}={lang!r}: not a language suffix; give one such as en or de "
-                    "(input files are <prefix>.<lang>)"
+                raise option_error(
+                    key,
+                    lang,
+                    "not a language suffix",
+                    "give one such as en or de (input files are <prefix>.<lang>)",
                 )
         if self.src == self.tgt:
-            raise NmtError(
-                f"data.tgt={self.tgt}: the same language as data.src; give two different ones"
+            raise option_error(
+                "data.tgt", self.tgt, "the same language as data.src", "give two different ones"
             )
         if not self.trainpref:
             raise option_error(
@@ -96,22 +98,33 @@ class DataConfig:
             )
         for name, prefix in self.extra_train.items():
             if not name or name in ("train", "valid") or "/" in name or name.startswith("."):
-                raise NmtError(
-                    f"data.extra_train.{name}={prefix}: {name!r} cannot name a split; "
-                    "choose another name (not train or valid, no '/')"
+                raise option_error(
+                    f"data.extra_train.{name}",
+                    prefix,
+                    f"{name!r} cannot name a split",
+                    "choose another name (not train or valid, no '/')",
                 )
             if not prefix:
-                raise NmtError(
-                    f"data.extra_train.{name}={prefix!r}: empty; give the prefix of the "
-                    f"corpus files (<prefix>.{self.src} and <prefix>.{self.tgt})"
+                raise option_error(
+                    f"data.extra_train.{name}",
+                    prefix,
+                    "empty",
+                    f"give the prefix of the corpus files (<prefix>.{self.src} and "
+                    f"<prefix>.{self.tgt})",
                 )
+        if not all(self.testpref):
+            raise option_error(
+                "data.testpref", list(self.testpref), "holds an empty prefix", "remove it"
+            )
         taken: set[str] = set()
         for name, prefix in self.split_prefixes():
             if not name or name in taken:
-                raise NmtError(
-                    f"data.testpref={prefix}: would be stored as split {name!r}, which is "
-                    "taken; give the test files distinct names other than train, valid and "
-                    "the data.extra_train names"
+                raise option_error(
+                    "data.testpref",
+                    prefix,
+                    f"would be stored as split {name!r}, which is taken",
+                    "give the test files distinct names other than train, valid and the "
+                    "data.extra_train names",
                 )
             taken.add(name)
 
@@ -143,42 +156,51 @@ class SpmConfig:
             reserved.append(f"{len(self.user_defined_symbols)} spm.user_defined_symbols")
         least = 4 + 256 * self.byte_fallback + len(self.user_defined_symbols)
         if self.vocab_size <= least and self.model is None and self.src_model is None:
-            raise NmtError(
-                f"spm.vocab_size={self.vocab_size}: too small; SentencePiece needs more than "
-                f"{least}: the {' and the '.join(reserved)} come first; use about 1000 for "
-                "the demo corpus, 8000 for Multi30k"
+            raise option_error(
+                "spm.vocab_size",
+                self.vocab_size,
+                f"too small: SentencePiece needs more than {least}, as the "
+                f"{' and the '.join(reserved)} come first",
+                "use about 1000 for the demo corpus, 8000 for Multi30k",
             )
         if self.num_threads < 1:
-            raise NmtError(
-                f"spm.num_threads={self.num_threads}: must be 1 or more; use at most the "
-                "number of CPU cores"
+            raise option_error(
+                "spm.num_threads",
+                self.num_threads,
+                "must be 1 or more",
+                "use at most the number of CPU cores",
             )
         if self.input_sentence_size < 0:
-            raise NmtError(
-                f"spm.input_sentence_size={self.input_sentence_size}: must not be negative; "
-                "use 0 to train on every sentence, or e.g. 2000000"
+            raise option_error(
+                "spm.input_sentence_size",
+                self.input_sentence_size,
+                "must not be negative",
+                "use 0 to train on every sentence, or e.g. 2000000",
             )
         if not 0 < self.character_coverage <= 1:
-            raise NmtError(
-                f"spm.character_coverage={self.character_coverage}: must be in (0, 1]; "
-                "use 1.0, or 0.9995 for large alphabets"
+            raise option_error(
+                "spm.character_coverage",
+                self.character_coverage,
+                "must be in (0, 1]",
+                "use 1.0, or 0.9995 for large alphabets",
             )
         if self.seed < 0:
-            raise NmtError(f"spm.seed={self.seed}: must not be negative; use 0 or more")
+            raise option_error("spm.seed", self.seed, "must not be negative", "use 0 or more")
         if _plain_value(self.model_type) not in ModelType.__members__:
-            raise NmtError(
-                f"spm.model_type={_plain_value(self.model_type)}: unknown; use "
-                + " or ".join(ModelType.__members__)
-            )
+            raise choice_error("spm.model_type", self.model_type, list(ModelType.__members__))
         if any(not symbol for symbol in self.user_defined_symbols):
-            raise NmtError(
-                f"spm.user_defined_symbols={list(self.user_defined_symbols)}: holds an empty "
-                "string; remove it"
+            raise option_error(
+                "spm.user_defined_symbols",
+                list(self.user_defined_symbols),
+                "holds an empty string",
+                "remove it",
             )
         if self.model is not None and (self.src_model or self.tgt_model):
-            raise NmtError(
-                f"spm.model={self.model}: set together with spm.src_model/spm.tgt_model; give "
-                "one joint model or two separate ones"
+            raise option_error(
+                "spm.model",
+                self.model,
+                "set together with spm.src_model/spm.tgt_model",
+                "give one joint model or two separate ones",
             )
         if (self.src_model is None) != (self.tgt_model is None):
             key, value = (
@@ -186,14 +208,18 @@ class SpmConfig:
                 if self.src_model is not None
                 else ("spm.tgt_model", self.tgt_model)
             )
-            raise NmtError(
-                f"{key}={value}: the other side's model is missing; give both "
-                "spm.src_model and spm.tgt_model (separate models), or neither"
+            raise option_error(
+                key,
+                value,
+                "the other side's model is missing",
+                "give both spm.src_model and spm.tgt_model (separate models), or neither",
             )
         if self.model is not None and not self.joint:
-            raise NmtError(
-                f"spm.joint=false: spm.model={self.model} is one joint model; give "
-                "spm.src_model and spm.tgt_model instead, or set spm.joint=true"
+            raise option_error(
+                "spm.joint",
+                self.joint,
+                f"spm.model={self.model} is one joint model",
+                "give spm.src_model and spm.tgt_model instead, or set spm.joint=true",
             )
 
 
@@ -209,12 +235,16 @@ class CleanConfig:
 
     def validate(self) -> None:
         if self.max_pieces is not None and self.max_pieces < 1:
-            raise NmtError(
-                f"clean.max_pieces={self.max_pieces}: must be 1 or more; use null for no limit"
+            raise option_error(
+                "clean.max_pieces",
+                self.max_pieces,
+                "must be 1 or more",
+                "use null for no limit",
+                unit="SentencePiece pieces",
             )
         if self.max_ratio is not None and self.max_ratio < 1:
-            raise NmtError(
-                f"clean.max_ratio={self.max_ratio}: must be 1 or more; use null for no limit"
+            raise option_error(
+                "clean.max_ratio", self.max_ratio, "must be 1 or more", "use null for no limit"
             )
 
 
@@ -243,26 +273,30 @@ class PreprocessConfig:
                     "data.dest", self.data.dest, "required", "give the data dir to write"
                 )
             if len(set(self.join)) != len(self.join) or not all(self.join):
-                raise NmtError(
-                    f"join=[{','.join(self.join)}]: names a data dir twice or an empty one; "
-                    "list each shard's data dir once"
+                raise option_error(
+                    "join",
+                    list(self.join),
+                    "names a data dir twice or an empty one",
+                    "list each shard's data dir once",
                 )
             return
         self.data.validate()
         self.spm.validate()
         self.clean.validate()
         if self.workers < 1:
-            raise NmtError(
-                f"workers={self.workers}: must be 1 or more; use 1 to encode in this process"
+            raise option_error(
+                "workers", self.workers, "must be 1 or more", "use 1 to encode in this process"
             )
         if self.chunk_lines < 1:
-            raise NmtError(
-                f"chunk_lines={self.chunk_lines}: must be 1 or more; the default is 5000"
+            raise option_error(
+                "chunk_lines",
+                self.chunk_lines,
+                "must be 1 or more",
+                "use the default, 5000",
             )
         if _plain_value(self.on_invalid_utf8) not in InvalidUtf8.__members__:
-            raise NmtError(
-                f"on_invalid_utf8={_plain_value(self.on_invalid_utf8)}: unknown; use "
-                + ", ".join(InvalidUtf8.__members__)
+            raise choice_error(
+                "on_invalid_utf8", self.on_invalid_utf8, list(InvalidUtf8.__members__)
             )
 
 
@@ -288,19 +322,21 @@ class ShortlistConfig:
         """Raise NmtError naming the first option that cannot work (the data dir itself
         is checked when building)."""
         if not self.data:
-            raise NmtError(
-                f"data={self.data}: required; give the data dir the model was trained on"
+            raise option_error(
+                "data", self.data, "required", "give the data dir the model was trained on"
             )
         if not self.split:
-            raise NmtError(f"split={self.split!r}: empty; name a split of the data dir (train)")
+            raise option_error("split", self.split, "empty", "name a split of the data dir (train)")
         if self.topk < 1:
-            raise NmtError(f"topk={self.topk}: must be 1 or more; e.g. 50 candidates per piece")
+            raise option_error(
+                "topk", self.topk, "must be 1 or more", "use e.g. 50 candidates per piece"
+            )
         if self.frequent < 0:
-            raise NmtError(f"frequent={self.frequent}: must not be negative; use 0 for none")
+            raise option_error("frequent", self.frequent, "must not be negative", "use 0 for none")
         if self.iterations < 1:
-            raise NmtError(f"iterations={self.iterations}: must be 1 or more; e.g. 5")
+            raise option_error("iterations", self.iterations, "must be 1 or more", "use e.g. 5")
         if self.max_pairs < 0:
-            raise NmtError(f"max_pairs={self.max_pairs}: must not be negative; use 0 for all")
+            raise option_error("max_pairs", self.max_pairs, "must not be negative", "use 0 for all")
 
     @property
     def output_path(self) -> Path:

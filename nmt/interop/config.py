@@ -9,13 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from nmt.errors import NmtError
+from nmt.errors import choice_error, option_error
 
 QUANTIZATIONS = ("none", "int8", "int16", "float16", "bfloat16")
-
-
-def _shown(value: Optional[str]) -> str:
-    return "null" if value is None else repr(value) if not value else value
 
 
 @dataclass
@@ -31,19 +27,21 @@ class ExportConfig:
 
     def validate(self) -> None:
         if not self.checkpoint:
-            raise NmtError(
-                f"checkpoint={_shown(self.checkpoint)}: required; give the nmt checkpoint to "
-                "export (checkpoint=PATH.pt)"
+            raise option_error(
+                "checkpoint",
+                self.checkpoint,
+                "required",
+                "give the nmt checkpoint to export (checkpoint=PATH.pt)",
             )
         if not self.output_dir:
-            raise NmtError(
-                f"output_dir={_shown(self.output_dir)}: required; give the CTranslate2 model "
-                "directory to create (output_dir=DIR)"
+            raise option_error(
+                "output_dir",
+                self.output_dir,
+                "required",
+                "give the CTranslate2 model directory to create (output_dir=DIR)",
             )
         if self.quantization not in QUANTIZATIONS:
-            raise NmtError(
-                f"quantization={self.quantization}: unknown; use one of {', '.join(QUANTIZATIONS)}"
-            )
+            raise choice_error("quantization", self.quantization, QUANTIZATIONS)
 
 
 @dataclass
@@ -67,35 +65,48 @@ class ImportFairseqConfig:
 
     def validate(self) -> None:
         if not self.checkpoint:
-            raise NmtError(
-                f"checkpoint={_shown(self.checkpoint)}: required; give the fairseq checkpoint "
-                "(checkpoint=PATH/checkpoint_best.pt)"
+            raise option_error(
+                "checkpoint",
+                self.checkpoint,
+                "required",
+                "give the fairseq checkpoint (checkpoint=PATH/checkpoint_best.pt)",
             )
         if not self.output:
-            raise NmtError(
-                f"output={_shown(self.output)}: required; give the nmt checkpoint to write "
-                "(output=PATH.pt)"
+            raise option_error(
+                "output",
+                self.output,
+                "required",
+                "give the nmt checkpoint to write (output=PATH.pt)",
             )
         if self.spm and (self.src_spm or self.tgt_spm):
-            raise NmtError(
-                f"spm={self.spm}: set together with src_spm/tgt_spm; give spm= (one joint "
-                "model) or src_spm= and tgt_spm=, not both"
+            raise option_error(
+                "spm",
+                self.spm,
+                "set together with src_spm/tgt_spm",
+                "give spm= (one joint model) or src_spm= and tgt_spm=, not both",
             )
         if not self.spm and not self.src_spm and not self.tgt_spm:
-            raise NmtError(
-                "spm=null: required; give the SentencePiece model the fairseq data was "
-                "encoded with (spm=PATH.model, or src_spm= and tgt_spm=)"
+            raise option_error(
+                "spm",
+                self.spm,
+                "required",
+                "give the SentencePiece model the fairseq data was encoded with "
+                "(spm=PATH.model, or src_spm= and tgt_spm=)",
             )
         if not self.spm and not (self.src_spm and self.tgt_spm):
             given, missing = ("src_spm", "tgt_spm") if self.src_spm else ("tgt_spm", "src_spm")
-            raise NmtError(
-                f"{given}={getattr(self, given)}: {missing} is not set; give both, or spm= "
-                "for one joint model"
+            raise option_error(
+                given,
+                getattr(self, given),
+                f"{missing} is not set",
+                "give both, or spm= for one joint model",
             )
         for key in ("src_lang", "tgt_lang"):
             lang = getattr(self, key)
             if lang is not None and (not lang or "/" in lang or lang != lang.strip()):
-                raise NmtError(
-                    f"{key}={lang!r}: not a language suffix; give one such as en or de, or "
-                    "null to take the checkpoint's"
+                raise option_error(
+                    key,
+                    lang,
+                    "not a language suffix",
+                    "give one such as en or de, or null to take the checkpoint's",
                 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, choice_error, option_error
 
 ACTIVATIONS = ("relu", "gelu")
 
@@ -49,26 +49,31 @@ class ModelConfig:
         for key in positive:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
-                raise NmtError(f"model.{key}={value}: not a positive integer; set it to 1 or more")
+                raise option_error(
+                    f"model.{key}", value, "not a positive integer", "set it to 1 or more"
+                )
         if self.embed_dim % self.attention_heads:
-            raise NmtError(
-                f"model.attention_heads={self.attention_heads}: does not divide "
-                f"model.embed_dim={self.embed_dim}; choose a divisor of embed_dim"
+            raise option_error(
+                "model.attention_heads",
+                self.attention_heads,
+                f"does not divide model.embed_dim={self.embed_dim}",
+                "choose a divisor of embed_dim",
             )
         if not self.learned_pos and self.embed_dim < 4:
-            raise NmtError(
-                f"model.embed_dim={self.embed_dim}: too small for sinusoidal "
-                "positions; use 4 or more, or model.learned_pos=true"
+            raise option_error(
+                "model.embed_dim",
+                self.embed_dim,
+                "too small for sinusoidal positions",
+                "use 4 or more, or model.learned_pos=true",
             )
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, key)
             if not 0.0 <= value < 1.0:
-                raise NmtError(f"model.{key}={value}: not a probability; use a value in [0, 1)")
+                raise option_error(
+                    f"model.{key}", value, "not a probability", "use a value in [0, 1)"
+                )
         if self.activation_fn not in ACTIVATIONS:
-            raise NmtError(
-                f"model.activation_fn={self.activation_fn}: unknown; use one of "
-                f"{', '.join(ACTIVATIONS)}"
-            )
+            raise choice_error("model.activation_fn", self.activation_fn, ACTIVATIONS)
         for side, size in (("source", src_vocab_size), ("target", tgt_vocab_size)):
             if size <= pad_id:
                 raise NmtError(
@@ -76,10 +81,12 @@ class ModelConfig:
                     f"{pad_id}; check the data dir's meta.json"
                 )
         if self.share_all_embeddings and src_vocab_size != tgt_vocab_size:
-            raise NmtError(
-                f"model.share_all_embeddings=true: needs a joint vocabulary, but the source "
-                f"has {src_vocab_size} entries and the target {tgt_vocab_size}; set "
-                "model.share_all_embeddings=false or preprocess with a joint vocab"
+            raise option_error(
+                "model.share_all_embeddings",
+                self.share_all_embeddings,
+                f"needs a joint vocabulary, but the source has {src_vocab_size} entries and "
+                f"the target {tgt_vocab_size}",
+                "set model.share_all_embeddings=false or preprocess with a joint vocab",
             )
 
     @property

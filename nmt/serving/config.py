@@ -92,7 +92,12 @@ class ServeConfig(SearchConfig):
             if not getattr(self, key) >= 0:
                 raise option_error(key, getattr(self, key), "must not be negative", fix)
         if self.request_timeout == 0:
-            raise option_error("request_timeout", 0, "no request could finish", "e.g. 60 seconds")
+            raise option_error(
+                "request_timeout",
+                self.request_timeout,
+                "no request could finish",
+                "e.g. 60 seconds",
+            )
         for key in ("max_queue", "max_request_chars", "max_request_sentences", "max_body_bytes"):
             if getattr(self, key) < 1:
                 raise option_error(key, getattr(self, key), "must be 1 or more", "raise it")

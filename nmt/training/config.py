@@ -537,7 +537,7 @@ class TrainConfig:
                     "(train_split={train:1,clean:2})",
                 )
             return {value: 1.0}
-        shown = _shown(value)  # a mapping, as written on the command line
+        shown = value  # option_error writes it as the command line does: {a:1,b:2}
         if not isinstance(value, Mapping) or not value:
             raise option_error("train_split", shown, "not a split name", example)
         weights = {}
@@ -566,23 +566,6 @@ def max_time_note(hours: float) -> str:
         meant.append(f"for {hours:g} seconds max_time={hours / 3600:.3g}")
     return f"max_time={hours:g}: counts hours ({hours:g} h is {hours / 24:.3g} days); " + ", ".join(
         meant
-    )
-
-
-def _shown(value: Any) -> str:
-    """A train_split value as written on the command line: {a:1,b:2}."""
-    if isinstance(value, Mapping):
-        return "{" + ",".join(f"{k}:{_number(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(str(v) for v in value) + "]"
-    return str(value)
-
-
-def _number(value: Any) -> str:
-    return (
-        f"{value:g}"
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-        else str(value)
     )
 
 

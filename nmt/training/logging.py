@@ -62,8 +62,15 @@ class TrainLogger:
         save_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = open(save_dir / "train.jsonl", "a", encoding="utf-8")
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # an extra: train.jsonl has every figure without it
+                self.message(
+                    "note: TensorBoard is not installed, so no tensorboard/ scalars "
+                    "(train.jsonl is written as ever); pip install 'nmt[tensorboard]' to get "
+                    "them, or turn tensorboard off"
+                )
+                return
             self.writer = SummaryWriter(
                 str(save_dir / "tensorboard"), purge_step=start_update if start_update > 0 else None
             )

@@ -213,7 +213,7 @@ def test_a_bad_output_is_one_line_and_writes_nothing(files, tmp_path, capsys):
 
 def test_option_mistakes_name_the_option_and_value(files, capsys):
     args = [f"hyp={files['hyp']}", f"refs={files['ref']}"]
-    assert "format=xml: unknown; use text or json" in _error(capsys, *args, "format=xml")
+    assert "format=xml: unknown; use one of text, json" in _error(capsys, *args, "format=xml")
     err = _error(capsys, *args, "confidence=true", "confidence_n=1")
     assert "confidence_n=1: must be 2 or more" in err
     assert "chrf.beta=0: must be 1 or more" in _error(capsys, *args, "chrf.beta=0")

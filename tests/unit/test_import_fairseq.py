@@ -487,7 +487,7 @@ def test_existing_output_is_not_overwritten(spms, tmp_path):
         (dict(spm=None), "spm=null: required; give the SentencePiece model the fairseq data"),
         (dict(src_spm="a.model"), "spm=j.model: set together with src_spm/tgt_spm; give spm="),
         (dict(spm=None, src_spm="a.model"), "src_spm=a.model: tgt_spm is not set; give both"),
-        (dict(src_lang="e/n"), "src_lang='e/n': not a language suffix; give one such as en"),
+        (dict(src_lang="e/n"), "src_lang=e/n: not a language suffix; give one such as en"),
     ],
 )
 def test_config_mistakes_are_named_in_the_option_style(options, message, tmp_path):

@@ -98,7 +98,7 @@ LAYERS = (
     Layer("commands", ("nmt.commands.*",), LIBRARY, "one library call per command"),
     Layer(
         "cli",
-        ("nmt.cli", "nmt.config"),
+        ("nmt.cli", "nmt.config", "nmt.config_errors"),
         (*LIBRARY, "commands"),
         "the CLI layer, the only code that knows Hydra: composes a config, runs its command",
     ),

@@ -58,7 +58,8 @@ def test_each_command_has_its_module_entry_point_and_console_script():
     from nmt import cli
     from nmt.config import COMMANDS
 
-    modules = {p.stem for p in (REPO / "nmt" / "commands").glob("*.py")} - {"__init__"}
+    # sweep.py is nmt-train -m, the one module of the layer that is not a command
+    modules = {p.stem for p in (REPO / "nmt" / "commands").glob("*.py")} - {"__init__", "sweep"}
     assert modules == set(COMMANDS)
     scripts = {
         ep.name: ep.value
