@@ -133,7 +133,10 @@ def test_several_values_without_multirun() -> None:
     [
         ("max_tokens=lots", "max_tokens=lots: not a whole number; give one such as "),
         ("model.dropout=abc", "model.dropout=abc: not a number; give one such as "),
-        ("logging.progress_bar=maybe", "logging.progress_bar=maybe: not true or false; write true or false"),
+        (
+            "logging.progress_bar=maybe",
+            "logging.progress_bar=maybe: not true or false; write true or false",
+        ),
         ("validation.split=[a,b]", "validation.split=[a,b]: not one value; "),
     ],
 )
