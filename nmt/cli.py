@@ -45,9 +45,28 @@ USAGE = """usage: nmt-{name} [--config-dir DIR] [--config-name NAME] [--cfg] [-m
                      a,b or range(1,4) (Hydra's syntax), each in save_dir/<its values>, one
                      after another; ends with a table, also written to save_dir/sweep.json
   debug=true         show full tracebacks instead of one-line errors
+  -h, --help         this help, then every option with its default and meaning
 
 Built-in configs: {config_dir}
 """
+
+
+def help_text(name: str) -> str:
+    """The usage, then the command's commented YAML config (every option, its default
+    and what it does), and the presets of its config groups."""
+    path = config_dir() / f"{name}.yaml"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("defaults:"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    options = "\n".join(lines[:start] + lines[end:]).strip("\n")  # the defaults list dropped
+    groups = [
+        f"  {group}=: {', '.join(sorted(p.stem for p in (config_dir() / group).glob('*.yaml')))}"
+        for group in ("model", "optim", "experiment")
+        if name == "train"
+    ]
+    presets = "\nPresets (configs/<group>/):\n" + "\n".join(groups) + "\n" if groups else ""
+    usage = USAGE.format(name=name.replace("_", "-"), config_dir=config_dir())
+    return f"{usage}{presets}\nOptions ({path.name}):\n{options}\n"
 
 
 def _fail(prog: str, message: str, code: int = 2) -> NoReturn:
@@ -335,7 +354,7 @@ def main(name: str, argv: list[str] | None = None) -> None:
     try:
         args = parse_args(argv)
         if args.show_help:
-            print(USAGE.format(name=name, config_dir=config_dir()))
+            print(help_text(name), end="")
             return
         if args.multirun:
             swept = sweep_main(name, args)

@@ -144,11 +144,11 @@ def unknown_option_message(key: str, context: _ErrorContext) -> str:
     close = closest_option(key, context.options())
     prog = context.prog
     if close is None:
-        return f"{shown}: not an option of {prog}; remove it ({prog} --cfg lists every option)"
+        return f"{shown}: not an option of {prog}; remove it ({prog} --help lists every option)"
     suggestion = f"{close}={value}" if value is not None else close
     return (
         f"{shown}: not an option of {prog}; did you mean {suggestion}? "
-        f"({prog} --cfg lists every option)"
+        f"({prog} --help lists every option)"
     )
 
 

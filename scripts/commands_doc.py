@@ -12,6 +12,7 @@ usage: .venv/bin/python scripts/commands_doc.py [--check]
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from dataclasses import dataclass, field
@@ -166,12 +167,72 @@ def _split_header(header: list[str]) -> tuple[list[str], list[str]]:
     return [s for s in summary if s], examples
 
 
+# The schemas of the groups whose presets state only what differs from them.
+GROUP_SCHEMAS = {
+    "model": ("nmt/model/config.py", "ModelConfig"),
+    "optim": ("nmt/training/config.py", "OptimConfig"),
+}
+
+
+def schema_options(path: str, name: str) -> list[Option]:
+    """The fields of dataclass `name` in `path`, each with its default and the comment
+    after it (or the comment lines just above it), read from the source with ast."""
+    source = (REPO / path).read_text(encoding="utf-8")
+    lines = source.splitlines()
+    (cls,) = [
+        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name
+    ]
+    options = []
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        line = lines[node.lineno - 1]
+        doc = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+        above = node.lineno - 2
+        while not doc and above >= 0 and lines[above].strip().startswith("#"):
+            doc = lines[above].strip().lstrip("# ") + (" " + doc if doc else "")
+            above -= 1
+        options.append(Option(node.target.id, _default(node.value), [doc]))
+    return options
+
+
+def _default(value: ast.expr | None) -> str:
+    """A field's default as YAML writes it: 1.0e-4 style numbers aside, Python's literal."""
+    if value is None:
+        return ""
+    if isinstance(value, ast.Call) and value.keywords:  # field(default_factory=lambda: ...)
+        factory = value.keywords[0].value
+        value = factory.body if isinstance(factory, ast.Lambda) else factory
+    literal = ast.literal_eval(value)
+    if isinstance(literal, bool):
+        return str(literal).lower()
+    if literal is None:
+        return "null"
+    return str(literal).replace("'", "").replace(" ", "")
+
+
 def render_group(group: str) -> list[str]:
     lines = [f"### `{group}=` presets (configs/{group}/)", ""]
+    if group in GROUP_SCHEMAS:
+        path, name = GROUP_SCHEMAS[group]
+        lines += [
+            f"Every `{group}.KEY` option ({name}, {path}): a preset below states only the "
+            "keys it sets differently.",
+            "",
+            "| option | default | meaning |",
+            "| --- | --- | --- |",
+        ]
+        for option in schema_options(path, name):
+            lines.append(f"| `{group}.{option.key}` | `{option.default}` | {_doc(option)} |")
+        lines.append("")
     for path in sorted((CONFIGS / group).glob("*.yaml")):
         parsed = parse(path)
         choose = f"+experiment={path.stem}" if group == "experiment" else f"{group}={path.stem}"
-        prose = [line.strip() for line in parsed.header if line.strip()]
+        prose = []
+        for line in parsed.header:  # up to the boilerplate every group file repeats
+            if line.strip().startswith("Group file"):
+                break
+            prose.append(line.strip())
         lines += [f"**`{choose}`**: {_cell(' '.join(prose))}", ""]
         options = parsed.options()
         if options:

@@ -76,7 +76,7 @@ def test_a_misspelled_key_gets_the_closest_option(plus: str) -> None:
     message = _console("train", f"{plus}max_tokns=2048")
     assert message == (
         "max_tokns=2048: not an option of nmt-train; did you mean max_tokens=2048? "
-        "(nmt-train --cfg lists every option)"
+        "(nmt-train --help lists every option)"
     )
 
 
@@ -108,7 +108,7 @@ def test_a_key_like_no_option_is_to_be_removed() -> None:
     message = _compose_error("train", "zzz=1")
     assert (
         message
-        == "zzz=1: not an option of nmt-train; remove it (nmt-train --cfg lists every option)"
+        == "zzz=1: not an option of nmt-train; remove it (nmt-train --help lists every option)"
     )
 
 

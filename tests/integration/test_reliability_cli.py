@@ -55,7 +55,7 @@ def test_cfg_on_an_invalid_config_fails_as_the_command_would(nmt_cli, command: s
     "command, override, expected",
     [
         ("preprocess", "+spm.vocab_sise=8000", "spm.vocab_sise=8000: not an option of "
-         "nmt-preprocess; did you mean spm.vocab_size=8000? (nmt-preprocess --cfg lists every "
+         "nmt-preprocess; did you mean spm.vocab_size=8000? (nmt-preprocess --help lists every "
          "option)"),
         ("train", "+model.ffn_dimm=64", "model.ffn_dimm=64: not an option of nmt-train; did you "
          "mean model.ffn_dim=64?"),
