@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up .venv with nmt and its dependencies.
-#   CPU (default): torch 2.13.0, the CPU build (a local wheel on the project's machines).
-#   GPU: NMT_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" bash scripts/setup.sh
+#   torch: torch==2.13.0 from PyPI (on Linux x86-64 the CUDA 13 build, on macOS and ARM a
+#   CPU build); another build with NMT_TORCH, e.g. CPU only on Linux x86-64:
+#   NMT_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" bash scripts/setup.sh
 #   Extras: NMT_EXTRAS (default test: serving, TensorBoard and the test tools, which the
 #   demo and the tests need); NMT_EXTRAS=serve,tensorboard for a user's set, NMT_EXTRAS=
 #   for nmt alone (no nmt-serve, no TensorBoard scalars).

@@ -92,7 +92,7 @@ def test_every_run_is_validated_before_the_first_starts(demo_data_dir, tmp_path)
 
 
 def test_cfg_prints_each_runs_config(nmt_cli, tmp_path: Path) -> None:
-    code, out, err = nmt_cli("train", "-m", "--cfg", f"save_dir={tmp_path}", "seed=1,2")
+    code, out, err = nmt_cli("train", "-m", "--cfg", "data=d", f"save_dir={tmp_path}", "seed=1,2")
     assert code == 0, err
     assert out.count("# sweep run ") == 2 and "# sweep run 2 of 2: seed=2" in out
     assert f"save_dir: {tmp_path / 'seed=1'}" in out and f"save_dir: {tmp_path / 'seed=2'}" in out

@@ -50,7 +50,7 @@ def test_models_from_yaml_are_model_specs():
         (dict(host=""), "host='': empty; use 127.0.0.1"),
         (dict(api_key=" "), "api_key=' ': empty; give a key, or null for no key"),
         (dict(max_wait_ms=-1.0), "max_wait_ms=-1.0: must not be negative"),
-        (dict(request_timeout=0.0), "request_timeout=0: no request could finish"),
+        (dict(request_timeout=0.0), "request_timeout=0.0: no request could finish"),
         (dict(max_queue=0), "max_queue=0: must be 1 or more"),
         (dict(max_request_chars=0), "max_request_chars=0: must be 1 or more"),
         (dict(max_sentences=0), "max_sentences=0: must be 1 or more"),
