@@ -10,10 +10,11 @@ Hydra's compose API is used rather than `@hydra.main` so that nothing is written
 mistake is one line on stderr naming the key, with a non-zero exit (nmt.config_errors).
 
 Usage, as Hydra users expect:
-    nmt-train data=data-bin/demo model=transformer_tiny optim.lr=1e-3
+    nmt-train data=data-bin/demo save_dir=runs/demo model=transformer_tiny optim.lr=1e-3
     nmt-train --config-dir my_configs --config-name my_train
-    nmt-train --cfg            # print the composed config and exit
-    nmt-train -m optim.lr=1e-3,2e-3 model=transformer_tiny,transformer_small  # a sweep
+    nmt-train --help           # every option, its default and what it does
+    nmt-train --cfg data=d save_dir=r   # print the composed, validated config and exit
+    nmt-train -m data=d save_dir=runs/sweep optim.lr=1e-3,2e-3 model=transformer_tiny,transformer_small
 """
 
 from __future__ import annotations
