@@ -80,14 +80,14 @@ def _exit(code: int) -> NoReturn:
     """sys.exit(code), except in a rank of a torch.distributed job: that one flushes its
     output and leaves at once (os._exit), without the interpreter's teardown.
 
-    After a peer died, gloo's C++ threads can still be alive when the interpreter is torn
-    down, and std::terminate then killed a rank that had already printed its one-line
-    error ("terminate called without an active exception", SIGABRT instead of exit 2; 3
-    of 64 runs of the DDP tests under load, docs/reliability.md item 12b). Nothing is
-    left unwritten: a run's checkpoints and train.jsonl are written and closed, and its
-    process group left, before its error gets here; the OS releases the run's lock."""
-    joined = sys.modules.get("nmt.distributed")  # never imported: no job was joined
-    if joined is not None and joined.joined_a_job():
+    gloo's C++ threads can still be alive when the interpreter is torn down, and
+    std::terminate then kills a rank that has done its work ("terminate called without
+    an active exception", SIGABRT instead of its exit code): seen after a peer died (3 of
+    64 runs of the DDP tests under load) and once after a clean end
+    (docs/journal/2026-11-26-reliability-diary.md, 12b; pytorch/pytorch#179291). Nothing
+    is left unwritten: a run's checkpoints and train.jsonl are written and closed, and its
+    process group left, before it gets here; the OS releases the run's lock."""
+    if _is_a_rank():
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -95,6 +95,12 @@ def _exit(code: int) -> NoReturn:
                 pass
         os._exit(code)
     sys.exit(code)
+
+
+def _is_a_rank() -> bool:
+    """Whether this process joined a torch.distributed job (see _exit)."""
+    joined = sys.modules.get("nmt.distributed")  # never imported: no job was joined
+    return joined is not None and joined.joined_a_job()
 
 
 @dataclasses.dataclass
@@ -370,8 +376,8 @@ def main(name: str, argv: list[str] | None = None) -> None:
         from nmt.config import COMMANDS
 
         code = COMMANDS[name]().run(checked)
-        if code:
-            _exit(code)
+        if code or _is_a_rank():  # a rank leaves without the teardown after success too
+            _exit(code or 0)
     except NmtError as exc:
         if debug:
             raise

@@ -85,7 +85,7 @@ def joined_a_job() -> bool:
     """Whether this process is a rank of a torch.distributed job (torchrun's WORLD_SIZE
     above 1) that took part, or tried to, in its process group: then the backend's C++
     threads may outlive the job, and the CLI leaves without the interpreter's teardown
-    after an error (nmt.cli). A process that only simulated a job (a test calling
+    when its command ends (nmt.cli._exit). A process that only simulated a job (a test calling
     init_process_group with torch's calls replaced) is not one."""
     return _joined_a_job and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -112,6 +112,16 @@ def run_training(cfg: TrainConfig):
         return train(cfg)
     finally:
         torch.set_num_threads(threads)
+
+
+def train_as_a_rank(cfg: TrainConfig) -> NoReturn:
+    """run_training(cfg) in a test's torchrun worker, which then leaves as nmt-train's ranks
+    do (nmt.cli._exit: output flushed, os._exit(0), no interpreter teardown, where gloo's
+    C++ threads can abort a rank that finished its work; journal, reliability diary 12b)."""
+    from nmt.cli import _exit
+
+    run_training(cfg)
+    _exit(0)
 
 
 def last_params(save_dir: Path) -> dict[str, torch.Tensor]:

@@ -48,8 +48,8 @@ def two_ranks_and_one(demo_data_dir: Path, tmp_path: Path, common: dict) -> tupl
     worker.write_text(
         textwrap.dedent(f"""
         from pathlib import Path
-        from helpers import NO_DROPOUT, run_training, tiny_config
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
+        from helpers import NO_DROPOUT, tiny_config, train_as_a_rank
+        train_as_a_rank(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
     """)
     )
@@ -130,7 +130,7 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
         import os
         import torch
         from pathlib import Path
-        from helpers import NO_DROPOUT, run_training, tiny_config
+        from helpers import NO_DROPOUT, tiny_config, train_as_a_rank
         from nmt.model.transformer import Transformer
 
         if os.environ["RANK"] == "1":
@@ -141,7 +141,7 @@ def test_an_out_of_memory_batch_on_one_rank_is_skipped_by_every_rank(
                     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
                 return real_forward(self, *args, **kwargs)
             Transformer.forward = forward
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
+        train_as_a_rank(tiny_config(Path({str(demo_data_dir)!r}), Path({str(tmp_path / "ddp")!r}),
                                  update_freq=1, model=NO_DROPOUT, **{common!r}))
     """)
     )
@@ -197,7 +197,7 @@ def test_resuming_with_more_ranks_gives_the_new_rank_a_dropout_stream_of_its_own
         import json, os
         import torch
         from pathlib import Path
-        from helpers import run_training, tiny_config
+        from helpers import tiny_config, train_as_a_rank
         from nmt.training import loop
 
         real_run = loop.run
@@ -209,7 +209,7 @@ def test_resuming_with_more_ranks_gives_the_new_rank_a_dropout_stream_of_its_own
                 json.dumps(draws))
             return real_run(t)
         loop.run = run
-        run_training(tiny_config(Path({str(demo_data_dir)!r}), Path({str(save_dir)!r}),
+        train_as_a_rank(tiny_config(Path({str(demo_data_dir)!r}), Path({str(save_dir)!r}),
                                  max_update=4))
     """)
     )

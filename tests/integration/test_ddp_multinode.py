@@ -30,12 +30,12 @@ def _worker(tmp_path: Path, data_dir: Path) -> Path:
         textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from helpers import NO_DROPOUT, run_training, tiny_config
+        from helpers import NO_DROPOUT, tiny_config, train_as_a_rank
         save_dir = Path(sys.argv[1])
         # every rank writes where it ran, so the test can tell the nodes apart
         (save_dir.parent / f"{{save_dir.name}}.rank{{os.environ['RANK']}}").write_text(
             os.environ["GROUP_RANK"] + " " + os.environ["LOCAL_RANK"] + " " + os.environ["WORLD_SIZE"])
-        run_training(tiny_config(Path({str(data_dir)!r}), save_dir, update_freq=1,
+        train_as_a_rank(tiny_config(Path({str(data_dir)!r}), save_dir, update_freq=1,
                                  model=NO_DROPOUT, max_update=10, validation={{"split": "test"}},
                                  optim={{"clip_norm": 0.5}}))
     """)

@@ -220,9 +220,11 @@ def test_a_directory_given_as_a_corpus_file_says_so(small_corpus: Path, tmp_path
 
 
 # A process that "joins" a job with torch's init replaced (as test_gpu_path does), then
-# fails in nmt.cli.main: it prints the error, and says how it left (atexit: the normal way).
+# runs nmt.cli.main, which fails (missing files) or succeeds (a hypothesis scored against
+# itself), and says how it left (atexit: the normal way).
 SIMULATED_JOB = """
 import atexit, sys
+from pathlib import Path
 import torch
 import torch.distributed as dist
 from nmt import distributed
@@ -231,28 +233,35 @@ from nmt.cli import main
 atexit.register(print, "normal exit", flush=True)
 dist.init_process_group = lambda *args, **kwargs: None
 distributed.init_process_group(distributed.DistEnv(0, 2, 0), torch.device("cpu"), 30.0)
-main("score", ["hyp=missing.txt", "refs=[missing.txt]"])
+Path("text.txt").write_text("a small test\\n")
+main("score", sys.argv[1:])
 """
 
 
+@pytest.mark.parametrize("succeeds", [False, True], ids=["error", "success"])
 @pytest.mark.parametrize("world_size, teardown", [(None, True), ("2", False)])
 def test_only_a_torchrun_rank_leaves_without_the_interpreters_teardown(
-    tmp_path, world_size, teardown
+    tmp_path, world_size, teardown, succeeds
 ) -> None:
-    """nmt.cli._exit: after an error a rank of a torchrun job (WORLD_SIZE > 1) leaves with
-    os._exit (gloo's threads could abort the teardown); a process that only simulated a
-    job, as an in-process test does, exits normally, so a test runner is never ended."""
+    """nmt.cli._exit: when its command ends, after an error or a success, a rank of a
+    torchrun job (WORLD_SIZE > 1) leaves with os._exit and its exit code (gloo's threads
+    could abort the teardown); a process that only simulated a job, as an in-process test
+    does, exits normally, so a test runner is never ended."""
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     env.pop("WORLD_SIZE", None)
     if world_size:
         env["WORLD_SIZE"] = world_size
+    args = ["hyp=text.txt", "refs=[text.txt]"] if succeeds else ["hyp=no.txt", "refs=[no.txt]"]
     proc = subprocess.run(
-        [sys.executable, "-c", SIMULATED_JOB],
+        [sys.executable, "-c", SIMULATED_JOB, *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=tmp_path,
         timeout=120,
     )
-    _one_line(proc.returncode, proc.stderr, "score")
+    if succeeds:
+        assert proc.returncode == 0 and "BLEU" in proc.stdout, proc.stderr
+    else:
+        _one_line(proc.returncode, proc.stderr, "score")
     assert ("normal exit" in proc.stdout) == teardown, proc.stdout
