@@ -137,21 +137,21 @@ def test_a_killed_run_resumes_on_the_same_lr_curve(demo_data_dir, tmp_path):
 
 
 WORKER = textwrap.dedent("""
-    # one rank of a torchrun job: records the lr it sets at every update
+    # one rank of a torchrun job: records the lr it sets at every update, as it sets it
+    # (nmt-train's ranks leave with os._exit: nothing runs after main)
     import json, os, sys
     from nmt.training import optim
     lrs, real_step = [], optim.LRScheduler.step
+    record = os.path.join(sys.argv[1], f"lrs.{os.environ['RANK']}.json")
     def step(self, num_updates, elapsed=0.0):
         lr = real_step(self, num_updates, elapsed)
         lrs.append([num_updates, lr])
+        with open(record, "w") as f:
+            json.dump(lrs, f)
         return lr
     optim.LRScheduler.step = step
     from nmt.cli import main
-    try:
-        main("train", sys.argv[2:])
-    finally:
-        with open(os.path.join(sys.argv[1], f"lrs.{os.environ['RANK']}.json"), "w") as f:
-            json.dump(lrs, f)
+    main("train", sys.argv[2:])
 """)
 
 
