@@ -25,7 +25,7 @@ pwd >"$SITE/nmt-checkout.pth"
 .venv/bin/python -c "import torch; print(f'torch {torch.__version__}; CUDA build: {torch.version.cuda or \"none (CPU only)\"}; GPUs visible: {torch.cuda.device_count()}')"
 # A CUDA index that cannot be reached lets a pip with local find-links fall back to a CPU wheel.
 if [[ "${NMT_TORCH:-}" == *"/whl/cu"* ]] && ! .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
-  echo "setup.sh: error: NMT_TORCH names a CUDA build, but pip installed a CPU one; see README, Installing with a GPU" >&2
+  echo "setup.sh: error: NMT_TORCH names a CUDA build, but pip installed a CPU one; see docs/performance.md, GPUs" >&2
   exit 1
 fi
 echo "nmt is set up in .venv. Put its commands (nmt-train, ...) on PATH with: source .venv/bin/activate"
