@@ -12,6 +12,8 @@ languages.py       language names of codes, for /languages and the page
 app.py             create_app(cfg): routes, body limit, /health, /metrics, the page
 handlers.py        error answers: every exception as {"error": message} with its status
 server.py          serve(cfg): uvicorn on a bound socket, graceful SIGTERM
+protocol.py        the bounded HTTP/1.1 protocol uvicorn runs: URL, header, connection limits, timeouts
+access_log.py      query-string secrets (api_key, key, token) out of uvicorn's access log
 static/            the web page at / (plain HTML and JavaScript)
 
 Importing nmt.serving (or its config) imports neither FastAPI nor torch; `create_app` and

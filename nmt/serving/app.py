@@ -134,16 +134,40 @@ def create_app(
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    app.add_middleware(Guard, metrics=metrics, max_body_bytes=cfg.max_body_bytes)
+    app.add_middleware(
+        Guard,
+        metrics=metrics,
+        max_body_bytes=cfg.max_body_bytes,
+        allowed_hosts=list(cfg.allowed_hosts),
+    )
     return app
 
 
-class Guard:
-    """Outermost ASGI layer: refuses bodies over the limit (413) before the app reads
-    them, and records each request's status, latency and error kind (metrics)."""
+class _Refusal(Exception):
+    """A request Guard answers itself: `status`, `{"error": message}`, metrics' `kind`."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, max_body_bytes: int):
+    def __init__(self, status: int, message: str, kind: str):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class Guard:
+    """Outermost ASGI layer: refuses a Host not in allowed_hosts (400), a body over the
+    limit (413) before the app reads it and a body cut off by a disconnect (400: never
+    passed on as complete), and records each request's status, latency and error kind
+    (metrics). Starlette's TrustedHostMiddleware checks hosts the same way, but answers in
+    plain text and reads an IPv6 Host (`[::1]:5000`) wrongly: hence `_check_host`."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        max_body_bytes: int,
+        allowed_hosts: list[str] | None = None,
+    ):
         self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+        hosts = [h.lower().strip("[]") for h in allowed_hosts or ["*"]]
+        self.allowed_hosts = None if "*" in hosts else hosts  # None: any host
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -162,12 +186,12 @@ class Guard:
         state = scope.setdefault("state", {})
         self.metrics.in_flight.inc()
         try:
+            self._check_host(scope)
             body = await self._body(scope, receive)
-            if body is None:
-                state["error_kind"] = "too_large"
-                await _answer(send_status, 413, f"body: more than {self.max_body_bytes} bytes")
-            else:
-                await self.app(scope, _replay(body, receive), send_status)
+            await self.app(scope, _replay(body, receive), send_status)
+        except _Refusal as refusal:
+            state["error_kind"] = refusal.kind
+            await _answer(send_status, refusal.status, refusal.message)
         except Exception:
             if not answered[0]:
                 raise
@@ -179,28 +203,41 @@ class Guard:
                 kind = STATUS_KINDS.get(status[0], "http")
             self.metrics.answered(route, status[0], time.perf_counter() - start, kind)
 
-    async def _body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole body, or None when it is over the limit."""
+    def _check_host(self, scope: Scope) -> None:
+        """Refuse a Host header that allowed_hosts does not name (exact, or *.domain)."""
+        if self.allowed_hosts is None:
+            return
+        value = dict(scope["headers"]).get(b"host", b"").decode("latin-1").strip().lower()
+        host = value[1:].partition("]")[0] if value.startswith("[") else value.rpartition(":")[0]
+        host = host or value  # no port
+        for pattern in self.allowed_hosts:
+            if host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:])):
+                return
+        raise _Refusal(400, f"Host: {value!r} is not a host this server answers to", "bad_host")
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        """The whole body; a _Refusal when it is over the limit or cut off."""
+        too_large = _Refusal(413, f"body: more than {self.max_body_bytes} bytes", "too_large")
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
                     if int(value) > self.max_body_bytes:
-                        return None
+                        raise too_large
                 except ValueError:
                     pass
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                break
+                # the client left (or timed out, body_timeout) before the body's end
+                raise _Refusal(400, "body: the connection closed before its end", "truncated")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                return None
+                raise too_large
             chunks.append(chunk)
             if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
+                return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

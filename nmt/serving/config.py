@@ -8,6 +8,7 @@ Importing this module imports neither torch nor FastAPI (the CLI reads it for --
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -15,6 +16,20 @@ from nmt.errors import NmtError, choice_error, option_error
 from nmt.generation.config import PRECISIONS, SearchConfig, check_batching
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def _host_pattern(host: Any) -> bool:
+    """A usable allowed_hosts entry: "*", a name, *.domain, or an IP address (no port)."""
+    if not isinstance(host, str) or not host or host != host.strip():
+        return False
+    if ":" in host:  # only an IPv6 address has one
+        try:
+            ipaddress.IPv6Address(host.strip("[]"))
+        except ValueError:
+            return False
+        return True
+    name = host[2:] if host.startswith("*.") else host
+    return host == "*" or (bool(name) and not any(c in name for c in "*/ "))
 
 
 @dataclass
@@ -40,6 +55,17 @@ class ServeConfig(SearchConfig):
     api_key: Optional[str] = None  # when set, every translation request must carry this key
     cors_origins: list[str] = field(default_factory=lambda: ["*"])  # browser origins allowed
     web_page: bool = True  # serve the translation page at /
+    allowed_hosts: list[str] = field(default_factory=lambda: ["*"])  # Host header names served
+    # (exact, or *.example.com; ["*"] = any); on a network, name the server's own
+    # HTTP limits, enforced before a request reaches the app (see nmt/serving/protocol.py)
+    max_url_bytes: int = 8192  # request URL (longer: 414); nginx's and Apache's 8 KB line
+    max_header_bytes: int = 16384  # all header lines together (more: 431); h11's 16 KiB head
+    max_headers: int = 100  # header lines (more: 431); Apache's and Python's http.client's 100
+    header_timeout: float = 10.0  # seconds from a connection's (or request's) start to its
+    # headers' end, however the bytes trickle in (then 408)
+    body_timeout: float = 30.0  # seconds from the headers' end to the body's end (then 408)
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection stays open (uvicorn's)
+    max_connections: int = 1000  # connections open at once; beyond: 503 at once
     # batching across requests
     max_tokens: int = 0  # padded source tokens per decoding batch (0 = no limit)
     max_sentences: int = 64  # sentences per decoding batch
@@ -82,6 +108,7 @@ class ServeConfig(SearchConfig):
             raise option_error(
                 "api_key", repr(self.api_key), "empty", "give a key, or null for no key"
             )
+        self._check_http()
         check_batching(self.max_tokens, self.max_sentences, self.overlong)
         for key, fix in (
             ("max_wait_ms", "use 0 to decode as soon as the worker is free"),
@@ -109,6 +136,41 @@ class ServeConfig(SearchConfig):
             )
         if self.log_level not in LOG_LEVELS:
             raise choice_error("log_level", self.log_level, LOG_LEVELS)
+
+    def _check_http(self) -> None:
+        """allowed_hosts and the HTTP limits."""
+        hosts = list(self.allowed_hosts)
+        if not hosts:
+            raise option_error(
+                "allowed_hosts", "[]", "no request could be served", 'use ["*"] for any host'
+            )
+        for host in hosts:
+            if not _host_pattern(host):
+                raise option_error(
+                    "allowed_hosts",
+                    hosts,
+                    f"{host!r} is not a host name",
+                    'give names without scheme or port: example.org, *.example.org, ::1, or "*"',
+                )
+        for key, least in (
+            ("max_url_bytes", 64),
+            ("max_header_bytes", 1024),
+            ("max_headers", 8),
+            ("max_connections", 1),
+        ):
+            if getattr(self, key) < least:
+                raise option_error(
+                    key, getattr(self, key), f"under {least} refuses ordinary clients", "raise it"
+                )
+        for key, fix in (
+            ("header_timeout", "e.g. 10 seconds"),
+            ("body_timeout", "e.g. 30 seconds"),
+            ("keep_alive_timeout", "e.g. 5 seconds, or 0 to close after each answer"),
+        ):
+            value = getattr(self, key)
+            usable = value > 0 or (key == "keep_alive_timeout" and value == 0)
+            if not usable or value == float("inf"):
+                raise option_error(key, value, "not a usable number of seconds", fix)
 
     def model_specs(self, require_checkpoint: bool = True) -> list[ModelSpec]:
         """The models to load: `checkpoint=` as one unnamed model, or `models=`; checked."""

@@ -24,8 +24,10 @@ import uvicorn
 
 from nmt.errors import NmtError
 from nmt.generation.translator import checkpoint_paths
+from nmt.serving.access_log import RedactSecrets
 from nmt.serving.app import create_app
 from nmt.serving.config import ServeConfig
+from nmt.serving.protocol import HttpLimits, protocol_class, raise_open_file_limit
 
 log = logging.getLogger("nmt.serving")
 
@@ -59,6 +61,7 @@ class _Server(uvicorn.Server):
 def serve(cfg: ServeConfig) -> int:
     """Serve `cfg`'s models until SIGTERM or Ctrl-C; returns the exit code (0)."""
     cfg.validate()
+    raise_open_file_limit(cfg.max_connections)
     for spec in cfg.model_specs():
         for path in checkpoint_paths(spec.checkpoint):
             if not Path(path).is_file():
@@ -81,7 +84,11 @@ def serve(cfg: ServeConfig) -> int:
         access_log=cfg.access_log,
         timeout_graceful_shutdown=int(cfg.shutdown_timeout) or None,
         lifespan="on",
+        http=protocol_class(HttpLimits.of(cfg)),  # httptools, bounded (protocol.py)
+        ws="none",  # no WebSocket routes: an upgrade never leaves the bounded protocol
+        timeout_keep_alive=cfg.keep_alive_timeout,  # type: ignore[arg-type]  # call_later: a float
     )
+    RedactSecrets.install()  # after uvicorn.Config, which configures uvicorn's loggers
     server = _Server(config)
     shown = f"[{host}]" if ":" in host else host
     print(
