@@ -112,3 +112,50 @@ def test_importing_the_config_is_cheap():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(allowed_hosts=[]), 'allowed_hosts=[]: no request could be served; use ["*"]'),
+        (
+            dict(allowed_hosts=["http://example.org"]),
+            "allowed_hosts=[http://example.org]: 'http://example.org' is not a host name; "
+            "give names without scheme or port",
+        ),
+        (
+            dict(allowed_hosts=["example.org:80"]),
+            "allowed_hosts=[example.org:80]: 'example.org:80'",
+        ),
+        (
+            dict(allowed_hosts=["ex*.org"]),
+            "allowed_hosts=[ex*.org]: 'ex*.org' is not a host name",
+        ),
+        (dict(allowed_hosts=["*."]), "allowed_hosts=[*.]: '*.' is not a host name"),
+        (dict(allowed_hosts=[" a.org"]), "allowed_hosts=[ a.org]: ' a.org' is not a host name"),
+        (dict(max_url_bytes=10), "max_url_bytes=10: under 64 refuses ordinary clients; raise it"),
+        (dict(max_header_bytes=100), "max_header_bytes=100: under 1024 refuses ordinary clients"),
+        (dict(max_headers=0), "max_headers=0: under 8 refuses ordinary clients"),
+        (dict(max_connections=0), "max_connections=0: under 1 refuses ordinary clients"),
+        (dict(header_timeout=0.0), "header_timeout=0.0: not a usable number of seconds; e.g. 10"),
+        (dict(header_timeout=float("nan")), "header_timeout=nan: not a usable number of seconds"),
+        (dict(body_timeout=-1.0), "body_timeout=-1.0: not a usable number of seconds; e.g. 30"),
+        (dict(body_timeout=float("inf")), "body_timeout=inf: not a usable number of seconds"),
+        (dict(keep_alive_timeout=-1.0), "keep_alive_timeout=-1.0: not a usable number of seconds"),
+    ],
+)
+def test_http_limit_checks(options, message):
+    with pytest.raises(NmtError) as exc:
+        ServeConfig(**options).validate()
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+
+
+def test_usable_http_limits():
+    ServeConfig(
+        allowed_hosts=["translate.example.org", "*.example.org", "127.0.0.1", "::1", "[::1]"],
+        keep_alive_timeout=0.0,  # no keep-alive
+        max_url_bytes=64,
+        max_header_bytes=1024,
+        max_headers=8,
+        max_connections=1,
+    ).validate()
