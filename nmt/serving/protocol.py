@@ -154,7 +154,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self.reading == self.BODY:
                 piece, data = data, b""
             else:  # a head: fed only as far as the limits allow, then one byte more
-                room = self._head_limit() + 1 - self.head_bytes
+                room = max(self._head_limit() + 1 - self.head_bytes, 1)
                 piece, data = data[:room], data[room:]
                 self.head_bytes += len(piece)
             self._feed(piece)
@@ -180,6 +180,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
             self.send_400_response(msg)
+            self.refused = True  # closed: the rest of the input is not parsed
         except httptools.HttpParserUpgrade:
             pass  # no WebSocket routes (ws="none"): the request is answered as plain HTTP
 
