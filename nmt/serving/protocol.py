@@ -306,11 +306,14 @@ def protocol_class(limits: HttpLimits) -> type[BoundedHttpToolsProtocol]:
     )
 
 
-def raise_open_file_limit(max_connections: int) -> int:
+def raise_open_file_limit(max_connections: int) -> int | None:
     """Raise the process's soft limit of open files to its hard limit, and return it;
     NmtError when max_connections, as many lingering refused ones and the files the server
     keeps cannot fit under it."""
-    import resource
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise or to check
+        return None
 
     unlimited = resource.RLIM_INFINITY
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
