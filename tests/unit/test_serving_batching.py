@@ -148,10 +148,10 @@ def test_max_tokens_bounds_the_padded_batch(translator, texts, queue_factory, mo
     padded: list[int] = []
     run = batching._run
 
-    def recording(head, batch):
+    def recording(head, batch, cancelled):
         costs = [job.cost(i) for job, i in batch if job.cost(i)]
         padded.append(len(costs) * max(costs))
-        return run(head, batch)
+        return run(head, batch, cancelled)
 
     monkeypatch.setattr(batching, "_run", recording)
     queue = queue_factory(max_sentences=64, max_tokens=60, max_wait=0.0)
