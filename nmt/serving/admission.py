@@ -1,20 +1,20 @@
-"""Admission by deadline: how long the work ahead of a new request will take, so that
-a request that cannot be answered before its deadline is refused at once (503 with
-Retry-After) instead of queued to time out, with every request batched with it slowed.
+"""Admission by deadline: a new request is queued only when all the work queued, its own
+included, can be decoded before the earliest deadline among the requests waiting (its
+own included); otherwise it is refused at once (503 with Retry-After), so overload costs
+refused requests instead of requests queued to time out together (jobs of a kind share
+batches round-robin, so one admitted too many would delay every one of them).
 
 Work is counted in units: a sentence's characters (+1) times the rows it decodes (its
 beam; 1 for scoring). Decoding time per unit is measured as the server goes: a moving
-average over the translation batches decoded in full. A new job waits for the batch
-running now (its measured work, less the time it has run), then shares batches with the
-queued jobs of its kind round-robin (each gives a sentence per round, so a job ahead
-delays it by at most as many of its sentences as the new job has), while jobs of other
-kinds (and sampling jobs, decoded alone) go before it whole.
+average over the translation batches decoded in full. The bound is serial (whatever the
+order of the batches, everything queued is done by then), so no admitted request is
+pushed past its deadline by a later one, as far as the measured speed holds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 SMOOTHING = 0.3  # weight of the newest batch in the moving average of seconds per unit
@@ -26,10 +26,7 @@ class Work(Protocol):
     texts: Sequence[str]  # its sentences
     taken: int  # sentences handed to a batch so far
     work: float  # units of all its sentences
-    kind: Hashable  # jobs of one kind may share a batch
-
-    @property
-    def merge(self) -> bool: ...  # False: decoded alone
+    deadline: float | None  # time.monotonic() by which it must be answered
 
 
 def units(texts: Iterable[str], rows: int) -> float:
@@ -38,7 +35,7 @@ def units(texts: Iterable[str], rows: int) -> float:
 
 
 class WorkEstimate:
-    """Seconds of decoding ahead of a new job, from the measured seconds per unit."""
+    """Seconds of decoding ahead, from the measured seconds per unit."""
 
     def __init__(self) -> None:
         self.unit_seconds: float | None = None  # None until a batch was measured
@@ -51,27 +48,27 @@ class WorkEstimate:
         old = self.unit_seconds
         self.unit_seconds = rate if old is None else old + SMOOTHING * (rate - old)
 
-    def ahead(
+    def late(
         self, new: Work, queued: Iterable[Work], running_work: float, running_for: float
-    ) -> float | None:
-        """Seconds until `new` could be finished (its own decoding included), or None
-        when nothing is ahead of it or nothing is measured yet (admit it)."""
+    ) -> tuple[float, float] | None:
+        """(seconds until all the work would be done with `new` queued, seconds left to
+        the earliest deadline) when that is too late; None to admit `new` (in time,
+        nothing ahead of it, or nothing measured yet)."""
         rate = self.unit_seconds
-        if rate is None:
+        if rate is None or new.deadline is None:
             return None
-        sentences = len(new.texts)
-        queued_work = 0.0
+        work, earliest = 0.0, new.deadline
         for job in queued:
             left = len(job.texts) - job.taken
             if left <= 0:
                 continue
-            per_sentence = job.work / len(job.texts)
-            shares = job.merge and new.merge and job.kind == new.kind
-            queued_work += per_sentence * (min(left, sentences) if shares else left)
+            work += job.work * left / len(job.texts)
+            if job.deadline is not None:
+                earliest = min(earliest, job.deadline)
         running = max(0.0, running_work * rate - running_for) if running_work else 0.0
-        if not queued_work and not running:
+        if not work and not running:
             return None  # an idle server always tries
-        return running + (queued_work + new.work) * rate
+        return running + (work + new.work) * rate, earliest
 
 
 def retry_after(seconds: float) -> int:

@@ -21,7 +21,8 @@ Work nobody waits for is dropped: a job whose future is done (its request gave u
 client left, or the server is stopping) or whose deadline passed leaves the queue before
 decoding, and its sentences leave a running batch at the next decoding step
 (Translator.translate_ids' `cancelled`). A job with a deadline is admitted only when the
-work ahead of it can be done in time (admission.py), else submit raises Overloaded.
+queued work can be done before the deadlines waiting (admission.py), else submit raises
+Overloaded.
 
 A translation never depends on the other sentences of its batch (Translator's invariant),
 and only jobs with the same search (nbest aside, which only cuts the finished list) share
@@ -232,18 +233,20 @@ class BatchQueue:
         return job.future
 
     def _admit(self, job: Job, now: float) -> None:
-        """Raise Overloaded when the work ahead of `job` would not let it finish before
-        its deadline (a job without one, or on an idle server, is always admitted)."""
-        if job.deadline is None:
-            return
+        """Raise Overloaded when the work queued, `job`'s included, would not be done
+        before the earliest deadline of the jobs waiting (admission.py)."""
         running_for = now - self._batch_start
-        seconds = self.estimate.ahead(job, self._admitted, self._running_work, running_for)
-        if seconds is not None and now + seconds > job.deadline:
+        late = self.estimate.late(job, self._admitted, self._running_work, running_for)
+        if late is None:
+            return
+        seconds, earliest = late
+        if now + seconds > earliest:
             raise Overloaded(
-                f"model {self.name}: about {seconds:.1f} s of decoding is ahead of this "
-                f"request, more than its {job.deadline - now:.1f} s",
+                f"model {self.name}: about {seconds:.1f} s of decoding would be queued with "
+                f"this request, more than the {max(0.0, earliest - now):.1f} s left to the "
+                "requests waiting",
                 seconds,
-                retry_after(now + seconds - job.deadline),
+                retry_after(now + seconds - earliest),
             )
 
     @property
@@ -309,8 +312,12 @@ class BatchQueue:
                 self._dropped(len(dropped))
             elif batch[0][0].op != SCORE and not isinstance(outcome, Exception):
                 self.estimate.measured(work, seconds)
-            if self.on_batch is not None:  # the sentences decoded (not the empty lines)
-                self.on_batch(sum(1 for job, i in batch if job.cost(i)), seconds)
+            if self.on_batch is not None:  # the sentences decoded (not empty, not dropped)
+                gone = set(dropped)
+                decoded = sum(
+                    1 for k, (job, i) in enumerate(batch) if job.cost(i) and k not in gone
+                )
+                self.on_batch(decoded, seconds)
 
     def _collect(self, block: bool) -> list[Job] | None:
         """The jobs submitted since the last look; with `block`, wait for one. None once
