@@ -66,6 +66,10 @@ class Closed(Exception):
     """The queue no longer takes work (the server is stopping)."""
 
 
+class Expired(Exception):
+    """The job's deadline passed before it was decoded (its request timed out)."""
+
+
 class Overloaded(Exception):
     """The work ahead of a job would not let it finish before its deadline."""
 
@@ -308,6 +312,8 @@ class BatchQueue:
                 self._free_since = time.monotonic()
             dropped = cancelled()
             _deliver(batch, outcome)
+            for job in cancelled.jobs():
+                self._fail_given_up(job)
             if dropped:
                 self._dropped(len(dropped))
             elif batch[0][0].op != SCORE and not isinstance(outcome, Exception):
@@ -347,8 +353,7 @@ class BatchQueue:
         """Tokenize a new job; False when it is done already (refused, given up, empty)."""
         if job.given_up(time.monotonic()) or self._abort:
             self._forget(len(job.texts), dropped=True)
-            if self._abort:
-                _settle(job, exc=Closed(f"model {self.name} is stopping"))
+            self._fail_given_up(job)
             return False
         try:
             job.prepare()
@@ -371,8 +376,7 @@ class BatchQueue:
         for job in jobs:
             if job.given_up(now) or self._abort:
                 self._forget(len(job.texts) - job.taken, dropped=True)
-                if self._abort:
-                    _settle(job, exc=Closed(f"model {self.name} is stopping"))
+                self._fail_given_up(job)
             elif job.taken < len(job.texts):
                 kept.append(job)
         return kept
@@ -383,6 +387,14 @@ class BatchQueue:
             self._waiting -= sentences
         if dropped and sentences:
             self._dropped(sentences)
+
+    def _fail_given_up(self, job: Job) -> None:
+        """Settle a job dropped unfinished (when nothing settled it yet): Closed when the
+        queue is closing, else Expired (its deadline passed)."""
+        if self._abort:
+            _settle(job, exc=Closed(f"model {self.name} is stopping"))
+        else:
+            _settle(job, exc=Expired(f"model {self.name}: not decoded before the deadline"))
 
     def _dropped(self, sentences: int) -> None:
         if self.on_drop is not None:
@@ -474,6 +486,11 @@ class _Cancelled:
         for position, (job, _) in enumerate(batch):
             self.positions.setdefault(id(job), (job, []))[1].append(position)
         self.size = len(batch)
+
+    def jobs(self) -> list[Job]:
+        """The batch's jobs given up (now)."""
+        now = time.monotonic()
+        return [job for job, _ in self.positions.values() if job.given_up(now)]
 
     def __call__(self) -> list[int]:
         if self.queue._abort:

@@ -20,7 +20,7 @@ from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.encoding import PieceNames, target_ids
 from nmt.generation.translator import TargetScore
-from nmt.serving.batching import SCORE, Closed, Job, Overloaded, QueueFull
+from nmt.serving.batching import SCORE, Closed, Expired, Job, Overloaded, QueueFull
 from nmt.serving.config import ServeConfig
 from nmt.serving.disconnect import client_gone
 from nmt.serving.errors import ApiError, bad_request, too_large
@@ -232,15 +232,20 @@ class Service:
                 raise too_large(str(exc)) from None
             except Closed:
                 raise ApiError(503, STOPPING, kind="stopping") from None
+            except Expired:  # the worker saw the deadline pass first
+                raise self._timed_out() from None
             return Answer(value, job.warnings)
         if halted in done:
             raise ApiError(503, self.stopping or STOPPING, kind="stopping")
         if gone in done:  # nobody reads this answer; 499 as nginx logs it
             raise ApiError(499, "the client closed the connection", kind="gone")
-        raise ApiError(
+        raise self._timed_out()
+
+    def _timed_out(self) -> ApiError:
+        return ApiError(
             503,
-            f"request_timeout={timeout:g}: not translated in time (the server is busy); "
-            "retry later, or send fewer sentences",
+            f"request_timeout={self.cfg.request_timeout:g}: not translated in time (the "
+            "server is busy); retry later, or send fewer sentences",
             kind="timeout",
         )
 
