@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -198,6 +199,9 @@ class BatchQueue:
         self._running_work = 0.0  # units of the batch being decoded
         self._batch_start = 0.0
         self._abort = False  # close(cancel=True): drop everything at the next step
+        self.cancellations = (
+            0  # jobs cancelled so far: a running batch checks its jobs when it changes
+        )
         self._cond = threading.Condition()
         self._inbox: list[Job] = []  # submitted, not seen by the worker yet
         self._waiting = 0  # sentences submitted and not in a batch yet
@@ -230,6 +234,7 @@ class BatchQueue:
             self._admit(job, now)
             job.arrived = self._last_arrival = now
             self._admitted.append(job)
+            job.future.add_done_callback(self._count_cancelled)
             self._inbox.append(job)
             self._waiting += n
             self._note_load(job.arrived)
@@ -252,6 +257,11 @@ class BatchQueue:
                 seconds,
                 retry_after(now + seconds - earliest),
             )
+
+    def _count_cancelled(self, future: Future) -> None:
+        if future.cancelled():
+            with self._cond:
+                self.cancellations += 1
 
     @property
     def alive(self) -> bool:
@@ -477,8 +487,9 @@ def _fit(encoder, texts: Sequence[str]) -> list[np.ndarray]:
 
 class _Cancelled:
     """translate_ids' `cancelled` for one batch: the positions of the sentences whose
-    job was given up (all of them once the queue is closing with cancel). One check per
-    job of the batch and decoding step."""
+    job was given up (all of them once the queue is closing with cancel). A step costs a
+    clock read and a counter compare until a job of the queue is cancelled or a deadline
+    of the batch passes; then each job of the batch is checked."""
 
     def __init__(self, batch: list[tuple[Job, int]], queue: BatchQueue):
         self.queue = queue
@@ -486,6 +497,9 @@ class _Cancelled:
         for position, (job, _) in enumerate(batch):
             self.positions.setdefault(id(job), (job, []))[1].append(position)
         self.size = len(batch)
+        self.cancellations = queue.cancellations  # as the batch starts
+        deadlines = [job.deadline for job, _ in self.positions.values() if job.deadline]
+        self.earliest = min(deadlines, default=math.inf)
 
     def jobs(self) -> list[Job]:
         """The batch's jobs given up (now)."""
@@ -493,9 +507,12 @@ class _Cancelled:
         return [job for job, _ in self.positions.values() if job.given_up(now)]
 
     def __call__(self) -> list[int]:
-        if self.queue._abort:
+        queue = self.queue
+        if queue._abort:
             return list(range(self.size))
         now = time.monotonic()
+        if queue.cancellations == self.cancellations and now <= self.earliest:
+            return []  # nothing given up since the batch started
         gone: list[int] = []
         for job, positions in self.positions.values():
             if job.given_up(now):
