@@ -72,11 +72,12 @@ class Expired(Exception):
 
 
 class Overloaded(Exception):
-    """The work ahead of a job would not let it finish before its deadline."""
+    """With a job queued, the queued work would not be done before the earliest
+    deadline waiting (admission.py)."""
 
     def __init__(self, message: str, seconds: float, retry_after: int):
         super().__init__(message)
-        self.seconds = seconds  # the estimated time to finish it
+        self.seconds = seconds  # the estimated time to do the queued work and the job's
         self.retry_after = retry_after  # seconds after which it would fit
 
 
@@ -199,9 +200,8 @@ class BatchQueue:
         self._running_work = 0.0  # units of the batch being decoded
         self._batch_start = 0.0
         self._abort = False  # close(cancel=True): drop everything at the next step
-        self.cancellations = (
-            0  # jobs cancelled so far: a running batch checks its jobs when it changes
-        )
+        # jobs cancelled so far: a running batch looks at its jobs when this changes
+        self.cancellations = 0
         self._cond = threading.Condition()
         self._inbox: list[Job] = []  # submitted, not seen by the worker yet
         self._waiting = 0  # sentences submitted and not in a batch yet
@@ -407,6 +407,8 @@ class BatchQueue:
             _settle(job, exc=Expired(f"model {self.name}: not decoded before the deadline"))
 
     def _dropped(self, sentences: int) -> None:
+        with self._cond:  # clients that left are not expected back: wait for no more of them
+            self._peak = [min(self._peak[0], self._waiting + self._running), 0]
         if self.on_drop is not None:
             self.on_drop(sentences)
 

@@ -95,7 +95,7 @@ class _Server(uvicorn.Server):
         if self.signals == 2:
             log.warning("nmt-serve: %s again: answering the requests in flight now", name)
             if loop is not None:
-                message = "the server is stopping; its drain was cut short; retry on another server"
+                message = "the server is stopping; its drain was cut short; retry elsewhere"
                 loop.call_soon_threadsafe(self.halt, message)
                 loop.call_soon_threadsafe(loop.call_later, CUT_SHORT_GRACE, self._cut_short)
 

@@ -66,6 +66,8 @@ class Service:
         loop = asyncio.get_running_loop()
         if self._halted is None or self._halted.get_loop() is not loop:
             self._halted = loop.create_future()
+            if self.stopping is not None:
+                self._halted.set_result(None)
         return self._halted
 
     def registry(self) -> ModelRegistry:
