@@ -23,7 +23,7 @@ stable sort, whose output size the host knows, where nonzero() would read the de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -256,6 +256,7 @@ class _Progress(NamedTuple):
     done: Tensor  # [N] bool: sentences with K finished hypotheses or at their limit
     n_done: int  # done.sum(), on the host
     min_left: int  # the shortest limit among the sentences not done
+    dropped: bool = False  # some sentences are no longer wanted: they leave the batch now
 
 
 class SequenceGenerator:
@@ -331,18 +332,33 @@ class SequenceGenerator:
         *,
         nbest: int | None = None,
         attn_layer: int | None = None,
+        stopped: Callable[[], Tensor | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
         (right-padded with PAD) to force at the start of each output. Returns, per
         sentence, up to `nbest` (default: the search's) hypotheses, best first, with the
-        attention of decoder layer `attn_layer` (default: the generator's) when set."""
+        attention of decoder layer `attn_layer` (default: the generator's) when set.
+
+        `stopped`, when given, is called once per step, before the decoder runs; it
+        returns None, or a [B] bool tensor (on the batch's device) marking the sentences
+        no longer wanted (a request given up). Those leave the batch at that step as
+        finished sentences do, with the hypotheses they finished so far (possibly none).
+        With beam search the other sentences' hypotheses are what they would be without
+        it; a sampling batch's rows share one random stream, so the others' draws change."""
         nbest = self.search.nbest if nbest is None else nbest
         attn_layer = self.attn_layer if attn_layer is None else attn_layer
         state = self._prepare(src_tokens, prefix_tokens, want_attn=attn_layer is not None)
         for step in range(state.longest + 1):
+            gone = None if stopped is None else stopped()
+            if gone is not None:
+                gone = gone[state.sent]  # [N] (a read from the device, only when some stop)
+                n_gone = int(gone.sum())
+                if n_gone == state.sent.numel():
+                    break
+                gone = gone if n_gone else None
             lprobs, step_attn = self._step(state, step, attn_layer)  # [R,V], [R,S] | None
             chosen = self._select(state, lprobs)
-            progress = self._finish(state, step, chosen, step_attn)
+            progress = self._finish(state, step, chosen, step_attn, gone)
             if progress.n_done == state.sent.numel():
                 break
             self._reorder(state, chosen, progress, step_attn)
@@ -462,17 +478,27 @@ class SequenceGenerator:
         )
 
     def _finish(
-        self, state: _BatchSearch, step: int, chosen: _Selection, step_attn: Tensor | None
+        self,
+        state: _BatchSearch,
+        step: int,
+        chosen: _Selection,
+        step_attn: Tensor | None,
+        gone: Tensor | None = None,
     ) -> _Progress:
         """File the candidates that end (EOS among a sentence's top K, fairseq) as
-        finished hypotheses, and find the sentences done: K finished, or at their limit."""
+        finished hypotheses, and find the sentences done: K finished, at their limit, or
+        `gone` [N] (no longer wanted: nothing more is filed for them)."""
         k, finished, sent = self.beam, state.finished, state.sent
         finishing = chosen.is_eos[:, :k] & chosen.scores[:, :k].gt(NEG_INF)  # [N,K]
+        if gone is not None:
+            finishing &= ~gone.unsqueeze(1)
         if state.on_cpu and not bool(finishing.any()):  # most steps; reading is free on a CPU
             accepted, counts = None, finished.count[sent]
         else:
             accepted, slots, counts = finished.slots(sent, finishing)  # [N,K], [N,K], [N]
         done = counts.ge(k) | state.max_lens.le(step)  # [N]
+        if gone is not None:
+            done |= gone
         reads = [done.sum(), state.max_lens.masked_fill(done, self.max_positions).min()]
         if accepted is not None:
             reads.append(accepted.sum())
@@ -489,7 +515,7 @@ class SequenceGenerator:
                 step_attn,
                 self.search.lenpen,
             )
-        return _Progress(done, n_done, min_left)
+        return _Progress(done, n_done, min_left, gone is not None)
 
     def _reorder(
         self,
@@ -508,7 +534,8 @@ class SequenceGenerator:
         # Finished sentences leave the batch once they are a quarter of it: moving the
         # others' cache rows costs more than decoding a few idle rows for some steps.
         # Until then their scores are -inf, so they never finish another hypothesis.
-        same_sentences = n_done * 4 < n
+        # Sentences no longer wanted leave at once: they may have many steps left.
+        same_sentences = n_done * 4 < n and not progress.dropped
         if same_sentences:
             kept = torch.arange(n, device=done.device)
             if n_done:

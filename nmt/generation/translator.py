@@ -31,7 +31,7 @@ import copy
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -357,13 +357,21 @@ class Translator:
         *,
         prefixes: Sequence[IdsLike | None] | None = None,
         alignment: bool = False,
+        cancelled: Callable[[], Collection[int]] | None = None,
         **search_options: Any,
     ) -> list[list[Hypothesis]]:
         """Per source (ids ending in EOS, as a data dir stores them; empty = an empty
         line), up to `nbest` hypotheses, best first; [] for an empty source. `prefixes`:
         target ids (no EOS) to force per source, or None. With `alignment`, hypotheses
         carry the attention of decoder layer `alignment_layer`. `search_options`
-        override the translator's search for this call (see the module docstring)."""
+        override the translator's search for this call (see the module docstring).
+
+        `cancelled`, when given, is asked between decoding steps (once a step) which
+        sources are no longer wanted: it returns their indices (into `sources`). Their
+        decoding stops at that step, they get [], and the other sources' hypotheses
+        are exactly what they would be without it (with beam search; sampling draws
+        of a batch share one stream). A server drops the sentences of clients that
+        left, or whose deadline passed, this way."""
         generator, nbest = self._call_generator(search_options)
         rows = [self._fit_source(_as_ids(s), i) for i, s in enumerate(sources)]
         forced = None
@@ -379,12 +387,23 @@ class Translator:
         attn_layer = self.alignment_layer if alignment else None
         with self._lock, self._precision():
             for batch in length_batches(lengths, self.max_tokens, self.max_sentences):
+                stopped = None if cancelled is None else self._stopped(cancelled, batch)
+                if stopped is not None and stopped.sentences() == len(batch):
+                    continue  # every sentence of the batch is cancelled already
                 src = pad_batch([rows[i] for i in batch], self.device)  # [B,S]
                 prefix = None if forced is None else self._prefix_tensor(forced, batch)
-                hyps = generator.generate(src, prefix, nbest=nbest, attn_layer=attn_layer)
+                hyps = generator.generate(
+                    src, prefix, nbest=nbest, attn_layer=attn_layer, stopped=stopped
+                )
                 for i, h in zip(batch.tolist(), hyps):
                     out[i] = h
+        if cancelled is not None:
+            for i in cancelled():
+                out[i] = []
         return out
+
+    def _stopped(self, cancelled: Callable[[], Collection[int]], batch: np.ndarray) -> _Stopped:
+        return _Stopped(cancelled, batch.tolist(), self.device)
 
     def score_ids(
         self,
@@ -464,6 +483,32 @@ class Translator:
                 )
             )
         return out
+
+
+class _Stopped:
+    """A generator's `stopped` for one batch of a call: the call's cancelled sources
+    (indices into the call's sources) as a [B] mask over the batch (None: none of it)."""
+
+    def __init__(
+        self, cancelled: Callable[[], Collection[int]], batch: list[int], device: torch.device
+    ):
+        self.cancelled, self.device = cancelled, device
+        self.position = {source: row for row, source in enumerate(batch)}  # source -> row
+
+    def rows(self) -> list[int]:
+        position = self.position
+        return list({position[i] for i in self.cancelled() if i in position})
+
+    def sentences(self) -> int:
+        return len(self.rows())
+
+    def __call__(self) -> torch.Tensor | None:
+        rows = self.rows()
+        if not rows:
+            return None
+        mask = torch.zeros(len(self.position), dtype=torch.bool)
+        mask[rows] = True
+        return mask.to(self.device)
 
 
 def _encode(encoder: TextEncoder, texts: Sequence[str]) -> list[np.ndarray]:

@@ -3,7 +3,9 @@
 config.py          ServeConfig (the server, its limits, batching), ModelSpec (a model by name)
 models.py          ModelRegistry: the loaded models, by name and by language pair
 batching.py        BatchQueue: requests' sentences batched across clients, one worker per model
+admission.py       whether a new job's work can be done before the deadlines waiting
 service.py         what every route does: limits, search options, queueing, timeouts
+disconnect.py      ClientWatch, client_gone(): whether a request's client has left
 libretranslate.py  LibreTranslate's /translate and /languages
 native.py          /v1/translate, /v1/score, /v1/models: every generation option
 metrics.py         Prometheus metrics (prometheus-client)
@@ -11,7 +13,7 @@ errors.py          ApiError: a refused request, answered as {"error": message}
 languages.py       language names of codes, for /languages and the page
 app.py             create_app(cfg): routes, body limit, /health, /metrics, the page
 handlers.py        error answers: every exception as {"error": message} with its status
-server.py          serve(cfg): uvicorn on a bound socket, graceful SIGTERM
+server.py          serve(cfg): uvicorn on a bound socket, SIGTERM drains and exits 0
 protocol.py        the bounded HTTP/1.1 protocol uvicorn runs: URL, header, connection limits, timeouts
 access_log.py      query-string secrets (api_key, key, token) out of uvicorn's access log
 static/            the web page at / (plain HTML and JavaScript)

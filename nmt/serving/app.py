@@ -29,14 +29,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nmt import __version__
 from nmt.serving import libretranslate, native
 from nmt.serving.config import ServeConfig
+from nmt.serving.disconnect import ClientWatch
 from nmt.serving.handlers import STATUS_KINDS, add_error_handlers
 from nmt.serving.metrics import CONTENT_TYPE, Metrics
 from nmt.serving.models import ModelRegistry
-from nmt.serving.service import Service
+from nmt.serving.service import STOPPING, Service
 
 log = logging.getLogger("nmt.serving")
 
 STATIC = Path(__file__).resolve().parent / "static"
+WORKER_STOP_TIMEOUT = 10.0  # seconds to wait for a worker to leave its decoding step
 ROUTES = {
     "/",
     "/health",
@@ -64,7 +66,7 @@ def create_app(
     state: dict[str, Any] = {"error": None}
 
     def ready(registry: ModelRegistry) -> None:
-        registry.report_batches(metrics.batch)
+        registry.report_batches(metrics.batch, metrics.dropped)
         service.ready(registry)
         metrics.models_loaded.set(1)
 
@@ -81,17 +83,28 @@ def create_app(
         names = ", ".join(f"{m.name} ({m.source}->{m.target})" for m in registry.models)
         log.info("nmt-serve: ready: %s", names)
 
+    loader = threading.Thread(target=load, name="nmt-serve-load", daemon=True)
+
+    def stop_workers() -> bool:
+        """Stop the workers of the models the app loaded: what is left is dropped (its
+        requests were answered: the drain is over) and a running batch stops at its
+        next step. True once no thread of the app is left in torch (loading, decoding)."""
+        service.halt(STOPPING)
+        if models is not None:
+            return True  # the caller's models, the caller's to close
+        stopped = service.models is None or service.models.close(WORKER_STOP_TIMEOUT, cancel=True)
+        return stopped and not loader.is_alive()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if models is None:
-            threading.Thread(target=load, name="nmt-serve-load", daemon=True).start()
+            loader.start()
         else:
             ready(models)
         yield
-        # uvicorn has let the requests in flight finish (up to shutdown_timeout); what is
-        # still queued then is decoded before the workers stop.
-        if models is None and service.models is not None:
-            service.models.close(cfg.shutdown_timeout)
+        # uvicorn has let the requests in flight finish (the server's drain answers those
+        # not done within shutdown_timeout with a 503 and cancels their jobs).
+        app.state.workers_stopped = stop_workers()
 
     app = FastAPI(
         title="nmt-serve",
@@ -100,6 +113,8 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
+    app.state.stop_workers = stop_workers
+    app.state.workers_stopped = False
     app.state.metrics = metrics
     app.state.load_state = state
 
@@ -140,6 +155,7 @@ def create_app(
         max_body_bytes=cfg.max_body_bytes,
         allowed_hosts=list(cfg.allowed_hosts),
     )
+    app.add_middleware(ClientWatch)  # outermost: its receive gives only the disconnect
     return app
 
 

@@ -17,6 +17,13 @@ never longer than `max_wait` after it became free. So a lone client never waits,
 clients that send again as soon as they are answered fill batches as offline translation
 does.
 
+Work nobody waits for is dropped: a job whose future is done (its request gave up: the
+client left, or the server is stopping) or whose deadline passed leaves the queue before
+decoding, and its sentences leave a running batch at the next decoding step
+(Translator.translate_ids' `cancelled`). A job with a deadline is admitted only when the
+queued work can be done before the deadlines waiting (admission.py), else submit raises
+Overloaded.
+
 A translation never depends on the other sentences of its batch (Translator's invariant),
 and only jobs with the same search (nbest aside, which only cuts the finished list) share
 a batch, so batching across clients changes only the speed. Sampling jobs are never
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -43,6 +51,7 @@ import torch
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.translator import Translator
+from nmt.serving.admission import WorkEstimate, retry_after, units
 
 log = logging.getLogger("nmt.serving")
 
@@ -56,6 +65,20 @@ class QueueFull(Exception):
 
 class Closed(Exception):
     """The queue no longer takes work (the server is stopping)."""
+
+
+class Expired(Exception):
+    """The job's deadline passed before it was decoded (its request timed out)."""
+
+
+class Overloaded(Exception):
+    """With a job queued, the queued work would not be done before the earliest
+    deadline waiting (admission.py)."""
+
+    def __init__(self, message: str, seconds: float, retry_after: int):
+        super().__init__(message)
+        self.seconds = seconds  # the estimated time to do the queued work and the job's
+        self.retry_after = retry_after  # seconds after which it would fit
 
 
 @dataclass(eq=False)
@@ -88,12 +111,20 @@ class Job:
     taken: int = 0  # sentences handed to a batch so far
     left: int = 0  # sentences not decoded yet
     arrived: float = 0.0
+    # time.monotonic() after which nobody waits for the answer (None: no deadline)
+    deadline: float | None = None
+    work: float = 0.0  # decoding work of all its sentences (admission.units)
 
     def __post_init__(self) -> None:
         if self.search is None:
             self.search = self.translator.search
         if self.kind is None:
             self.kind = job_kind(self.op, self.search, self.alignment)
+        self.work = units(self.texts, 1 if self.op == SCORE else self.search.beam)
+
+    def given_up(self, now: float) -> bool:
+        """Nobody waits for this job any more: answered or cancelled, or past its deadline."""
+        return self.future.done() or (self.deadline is not None and now > self.deadline)
 
     @property
     def nbest(self) -> int:
@@ -150,17 +181,27 @@ class BatchQueue:
         wait_gap: float = 0.01,
         max_queue: int = 4096,
         on_batch: Callable[[int, float], None] | None = None,
+        on_drop: Callable[[int], None] | None = None,
         device: torch.device | None = None,
     ):
         """`max_sentences`/`max_tokens` (padded source tokens, 0 = no limit) bound a batch
         as the Translator's own batching does, so a batch is one decoder call; `max_wait`
         and `wait_gap` in seconds; `on_batch(sentences, seconds)` is told of every batch
-        decoded (empty lines, which need no decoding, not counted). `device`: the model's,
-        made the worker thread's current CUDA device (a per-thread setting)."""
+        decoded (empty lines, which need no decoding, not counted), `on_drop(sentences)`
+        of sentences dropped because their job was given up (from the queue, or from a
+        batch mid-way). `device`: the model's, made the worker thread's current CUDA
+        device (a per-thread setting)."""
         self.name = name
         self.max_sentences, self.max_tokens = max_sentences, max_tokens
         self.max_wait, self.wait_gap, self.max_queue = max_wait, wait_gap, max_queue
-        self.on_batch = on_batch
+        self.on_batch, self.on_drop = on_batch, on_drop
+        self.estimate = WorkEstimate()
+        self._admitted: list[Job] = []  # submitted, not finished (for the estimate)
+        self._running_work = 0.0  # units of the batch being decoded
+        self._batch_start = 0.0
+        self._abort = False  # close(cancel=True): drop everything at the next step
+        # jobs cancelled so far: a running batch looks at its jobs when this changes
+        self.cancellations = 0
         self._cond = threading.Condition()
         self._inbox: list[Job] = []  # submitted, not seen by the worker yet
         self._waiting = 0  # sentences submitted and not in a batch yet
@@ -180,26 +221,66 @@ class BatchQueue:
         return self._waiting
 
     def submit(self, job: Job) -> Future:
-        """Queue a job. Raises QueueFull or Closed instead of queueing."""
+        """Queue a job. Raises QueueFull, Overloaded (it could not finish before its
+        deadline) or Closed instead of queueing."""
         n = len(job.texts)
         with self._cond:
             if self._closed:
                 raise Closed(f"model {self.name} is stopping")
             if self._waiting and self._waiting + n > self.max_queue:
                 raise QueueFull(f"model {self.name} has {self._waiting} sentences waiting")
-            job.arrived = self._last_arrival = time.monotonic()
+            now = time.monotonic()
+            self._admitted = [j for j in self._admitted if not j.given_up(now)]
+            self._admit(job, now)
+            job.arrived = self._last_arrival = now
+            self._admitted.append(job)
+            job.future.add_done_callback(self._count_cancelled)
             self._inbox.append(job)
             self._waiting += n
             self._note_load(job.arrived)
             self._cond.notify()
         return job.future
 
-    def close(self, timeout: float | None = None) -> None:
-        """Decode what is queued, then stop the worker (waiting up to `timeout`)."""
+    def _admit(self, job: Job, now: float) -> None:
+        """Raise Overloaded when the work queued, `job`'s included, would not be done
+        before the earliest deadline of the jobs waiting (admission.py)."""
+        running_for = now - self._batch_start
+        late = self.estimate.late(job, self._admitted, self._running_work, running_for)
+        if late is None:
+            return
+        seconds, earliest = late
+        if now + seconds > earliest:
+            raise Overloaded(
+                f"model {self.name}: about {seconds:.1f} s of decoding would be queued with "
+                f"this request, more than the {max(0.0, earliest - now):.1f} s left to the "
+                "requests waiting",
+                seconds,
+                retry_after(now + seconds - earliest),
+            )
+
+    def _count_cancelled(self, future: Future) -> None:
+        if future.cancelled():
+            with self._cond:
+                self.cancellations += 1
+
+    @property
+    def alive(self) -> bool:
+        """The worker thread still runs (it may be inside torch)."""
+        return self._thread.is_alive()
+
+    def close(self, timeout: float | None = None, cancel: bool = False) -> bool:
+        """Stop the worker, waiting up to `timeout` for it; True once it has stopped.
+        Without `cancel`, what is queued is decoded first; with it, every job not
+        finished fails with Closed and a running batch stops at its next step."""
         with self._cond:
             self._closed = True
+            if cancel:
+                self._abort = True
+                for job in self._admitted:
+                    _settle(job, exc=Closed(f"model {self.name} is stopping"))
             self._cond.notify()
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # -- the worker ---------------------------------------------------------------------
 
@@ -222,22 +303,37 @@ class BatchQueue:
             if not jobs:
                 continue
             batch = self._take(jobs)
+            work = sum(job.work / len(job.texts) for job, i in batch if job.cost(i))
             with self._cond:
                 self._waiting -= len(batch)
                 self._running = len(batch)
+                self._running_work = work
+                self._batch_start = time.monotonic()
             start = time.perf_counter()
+            cancelled = _Cancelled(batch, self)
             try:
-                outcome: list[Any] | Exception = _run(batch[0][0], batch)
+                outcome: list[Any] | Exception = _run(batch[0][0], batch, cancelled)
             except Exception as exc:  # noqa: BLE001 - the requests report it; the worker goes on
                 log.exception("model %s: decoding a batch of %d failed", self.name, len(batch))
                 outcome = exc
             seconds = time.perf_counter() - start
             with self._cond:  # before the answers go out, so new requests see the load right
-                self._running = 0
+                self._running, self._running_work = 0, 0.0
                 self._free_since = time.monotonic()
+            dropped = cancelled()
             _deliver(batch, outcome)
-            if self.on_batch is not None:  # the sentences decoded (not the empty lines)
-                self.on_batch(sum(1 for job, i in batch if job.cost(i)), seconds)
+            for job in cancelled.jobs():
+                self._fail_given_up(job)
+            if dropped:
+                self._dropped(len(dropped))
+            elif batch[0][0].op != SCORE and not isinstance(outcome, Exception):
+                self.estimate.measured(work, seconds)
+            if self.on_batch is not None:  # the sentences decoded (not empty, not dropped)
+                gone = set(dropped)
+                decoded = sum(
+                    1 for k, (job, i) in enumerate(batch) if job.cost(i) and k not in gone
+                )
+                self.on_batch(decoded, seconds)
 
     def _collect(self, block: bool) -> list[Job] | None:
         """The jobs submitted since the last look; with `block`, wait for one. None once
@@ -264,9 +360,10 @@ class BatchQueue:
         return self._unfinished(jobs)
 
     def _prepare(self, job: Job) -> bool:
-        """Tokenize a new job; False when it is done already (refused, cancelled, empty)."""
-        if job.future.cancelled():
-            self._forget(len(job.texts))
+        """Tokenize a new job; False when it is done already (refused, given up, empty)."""
+        if job.given_up(time.monotonic()) or self._abort:
+            self._forget(len(job.texts), dropped=True)
+            self._fail_given_up(job)
             return False
         try:
             job.prepare()
@@ -282,18 +379,38 @@ class BatchQueue:
         return True
 
     def _unfinished(self, jobs: deque[Job]) -> deque[Job]:
-        """The jobs still to batch: not fully taken, not given up (timeout) or failed."""
+        """The jobs still to batch: not fully taken, not given up (client gone, deadline
+        passed, stopping) or failed."""
         kept: deque[Job] = deque()
+        now = time.monotonic()
         for job in jobs:
-            if job.future.done():
-                self._forget(len(job.texts) - job.taken)
+            if job.given_up(now) or self._abort:
+                self._forget(len(job.texts) - job.taken, dropped=True)
+                self._fail_given_up(job)
             elif job.taken < len(job.texts):
                 kept.append(job)
         return kept
 
-    def _forget(self, sentences: int) -> None:
+    def _forget(self, sentences: int, dropped: bool = False) -> None:
+        """`sentences` leave the queue without a batch (`dropped`: given up)."""
         with self._cond:
             self._waiting -= sentences
+        if dropped and sentences:
+            self._dropped(sentences)
+
+    def _fail_given_up(self, job: Job) -> None:
+        """Settle a job dropped unfinished (when nothing settled it yet): Closed when the
+        queue is closing, else Expired (its deadline passed)."""
+        if self._abort:
+            _settle(job, exc=Closed(f"model {self.name} is stopping"))
+        else:
+            _settle(job, exc=Expired(f"model {self.name}: not decoded before the deadline"))
+
+    def _dropped(self, sentences: int) -> None:
+        with self._cond:  # clients that left are not expected back: wait for no more of them
+            self._peak = [min(self._peak[0], self._waiting + self._running), 0]
+        if self.on_drop is not None:
+            self.on_drop(sentences)
 
     def _wait_for_more(self, jobs: deque[Job], now: float) -> float:
         """Seconds worth waiting for more sentences before decoding (<= 0: decode now)."""
@@ -370,8 +487,44 @@ def _fit(encoder, texts: Sequence[str]) -> list[np.ndarray]:
     return [encoder.fit(ids, i) for i, ids in enumerate(encoder.to_ids(encoder.normalize(texts)))]
 
 
-def _run(head: Job, batch: list[tuple[Job, int]]) -> list[Any]:
-    """One Translator call for the batch (all of one kind): results in batch order."""
+class _Cancelled:
+    """translate_ids' `cancelled` for one batch: the positions of the sentences whose
+    job was given up (all of them once the queue is closing with cancel). A step costs a
+    clock read and a counter compare until a job of the queue is cancelled or a deadline
+    of the batch passes; then each job of the batch is checked."""
+
+    def __init__(self, batch: list[tuple[Job, int]], queue: BatchQueue):
+        self.queue = queue
+        self.positions: dict[int, tuple[Job, list[int]]] = {}  # id(job) -> its positions
+        for position, (job, _) in enumerate(batch):
+            self.positions.setdefault(id(job), (job, []))[1].append(position)
+        self.size = len(batch)
+        self.cancellations = queue.cancellations  # as the batch starts
+        deadlines = [job.deadline for job, _ in self.positions.values() if job.deadline]
+        self.earliest = min(deadlines, default=math.inf)
+
+    def jobs(self) -> list[Job]:
+        """The batch's jobs given up (now)."""
+        now = time.monotonic()
+        return [job for job, _ in self.positions.values() if job.given_up(now)]
+
+    def __call__(self) -> list[int]:
+        queue = self.queue
+        if queue._abort:
+            return list(range(self.size))
+        now = time.monotonic()
+        if queue.cancellations == self.cancellations and now <= self.earliest:
+            return []  # nothing given up since the batch started
+        gone: list[int] = []
+        for job, positions in self.positions.values():
+            if job.given_up(now):
+                gone += positions
+        return gone
+
+
+def _run(head: Job, batch: list[tuple[Job, int]], cancelled: _Cancelled) -> list[Any]:
+    """One Translator call for the batch (all of one kind): results in batch order; the
+    sentences of jobs given up meanwhile stop at the next step (their results: [])."""
     sources = [job.sources[i] for job, i in batch]
     translator, search = head.translator, head.search
     assert search is not None
@@ -383,7 +536,9 @@ def _run(head: Job, batch: list[tuple[Job, int]]) -> list[Any]:
         prefixes = [None if job.prefix_ids is None else job.prefix_ids[i] for job, i in batch]
     # the head's search, as options of this call (sampling: a stream of its own from seed)
     options = {**dataclasses.asdict(search), "nbest": max(job.nbest for job, _ in batch)}
-    hyps = translator.translate_ids(sources, prefixes=prefixes, alignment=head.alignment, **options)
+    hyps = translator.translate_ids(
+        sources, prefixes=prefixes, alignment=head.alignment, cancelled=cancelled, **options
+    )
     # nbest only cuts the finished list (best first), so fewer is a prefix of more.
     return [h[: job.nbest] for (job, _), h in zip(batch, hyps)]
 
@@ -394,10 +549,12 @@ def _deliver(batch: list[tuple[Job, int]], outcome: list[Any] | Exception) -> No
         for job in {id(j): j for j, _ in batch}.values():
             _settle(job, exc=outcome)
         return
+    now = time.monotonic()
     for (job, i), result in zip(batch, outcome):
         job.results[i] = result
         job.left -= 1
-        if job.left == 0 and not job.future.done():
+        # (a job given up may lack results: its sentences stopped mid-batch)
+        if job.left == 0 and not job.given_up(now):
             try:
                 answer = _finished(job)
             except Exception as exc:  # noqa: BLE001 - a bug in finish: this request's error

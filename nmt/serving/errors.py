@@ -9,11 +9,14 @@ from __future__ import annotations
 class ApiError(Exception):
     """An HTTP error answer: `status` and a one-line `message`."""
 
-    def __init__(self, status: int, message: str, *, kind: str = "bad_request"):
+    def __init__(
+        self, status: int, message: str, *, kind: str = "bad_request", retry_after: int = 1
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind  # the errors metric's label: bad_request, too_large, busy, ...
+        self.retry_after = retry_after  # a 503's Retry-After, in seconds
 
 
 def bad_request(message: str) -> ApiError:

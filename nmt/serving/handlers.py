@@ -36,7 +36,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
 async def api_error(request: Request, exc: ApiError) -> JSONResponse:
     request.state.error_kind = exc.kind
-    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    headers = {"Retry-After": str(exc.retry_after)} if exc.status == 503 else None
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 

@@ -5,6 +5,8 @@ nmt_serve_request_seconds{route}            latency, histogram
 nmt_serve_errors_total{route,kind}          refused or failed requests, by reason
 nmt_serve_in_flight                         requests being handled now
 nmt_serve_sentences_total{model}            sentences decoded
+nmt_serve_dropped_sentences_total{model}    sentences given up (client gone, deadline passed,
+                                            server stopping): not decoded, or stopped mid-batch
 nmt_serve_batch_sentences{model}            sentences per decoding batch, histogram
 nmt_serve_batch_seconds{model}              time per decoding batch, histogram
 nmt_serve_queue_sentences{model}            sentences waiting (read at scrape time)
@@ -64,6 +66,12 @@ class Metrics:
         )
         self.in_flight = Gauge("nmt_serve_in_flight", "Requests being handled", registry=r)
         self.sentences = Counter("nmt_serve_sentences", "Sentences decoded", ["model"], registry=r)
+        self.dropped_sentences = Counter(
+            "nmt_serve_dropped_sentences",
+            "Sentences whose request was given up: not decoded, or stopped mid-batch",
+            ["model"],
+            registry=r,
+        )
         self.batch_sentences = Histogram(
             "nmt_serve_batch_sentences",
             "Sentences per decoding batch",
@@ -88,6 +96,10 @@ class Metrics:
         self.sentences.labels(model).inc(sentences)
         self.batch_sentences.labels(model).observe(sentences)
         self.batch_seconds.labels(model).observe(seconds)
+
+    def dropped(self, model: str, sentences: int) -> None:
+        """Sentences given up (called from the model's worker thread)."""
+        self.dropped_sentences.labels(model).inc(sentences)
 
     def answered(self, route: str, status: int, seconds: float, kind: str | None) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -8,6 +8,7 @@ its languages (the checkpoint's data: src_lang, tgt_lang), native routes by name
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -99,15 +100,22 @@ class ModelRegistry:
             models.append(ServedModel(name, translator, queue, paths))
         return cls(models)
 
-    def report_batches(self, on_batch: Callable[[str, int, float], None]) -> None:
-        """`on_batch(model, sentences, seconds)` hears of every batch decoded (metrics)."""
+    def report_batches(
+        self,
+        on_batch: Callable[[str, int, float], None],
+        on_drop: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """`on_batch(model, sentences, seconds)` hears of every batch decoded, and
+        `on_drop(model, sentences)` of sentences given up (metrics)."""
         for model in self.models:
             model.queue.on_batch = _reporter(on_batch, model.name)
+            if on_drop is not None:
+                model.queue.on_drop = functools.partial(on_drop, model.name)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Finish what is queued and stop every worker."""
-        for model in self.models:
-            model.queue.close(timeout)
+    def close(self, timeout: float | None = None, cancel: bool = False) -> bool:
+        """Stop every worker (BatchQueue.close), each waited for up to `timeout`; True
+        once all have stopped."""
+        return all([model.queue.close(timeout, cancel) for model in self.models])
 
     # -- finding a model ------------------------------------------------------------------
 

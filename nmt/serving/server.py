@@ -3,20 +3,23 @@
 The socket is bound first (a port in use is a one-line error at once), the models load
 while the server already answers (/health says when they are ready), and SIGTERM or
 Ctrl-C stop it gracefully: no new connections, the requests in flight are answered (for
-up to shutdown_timeout seconds), the workers stop, and the process exits 0. A second
-Ctrl-C stops at once.
+up to shutdown_timeout seconds), those still waiting then get a JSON 503 and their work
+is dropped at the next decoding step, the workers stop, and the process exits 0. A
+second SIGTERM or Ctrl-C cuts the drain short the same way: 503s now, then exit 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -31,10 +34,30 @@ from nmt.serving.protocol import HttpLimits, protocol_class, raise_open_file_lim
 
 log = logging.getLogger("nmt.serving")
 
+# uvicorn cancels the requests still running this long after shutdown_timeout: a backstop
+# for those not waiting for a translation (the drain answers those itself, as JSON).
+DRAIN_GRACE = 5.0
+# after a second signal, seconds for the 503s to go out before uvicorn stops waiting
+CUT_SHORT_GRACE = 1.0
+
 
 class _Server(uvicorn.Server):
     """uvicorn's server, but a SIGTERM/SIGINT is a clean stop: exit 0 once drained
-    (uvicorn itself raises the signal again after its graceful shutdown)."""
+    (uvicorn itself raises the signal again after its graceful shutdown). `halt(message)`
+    answers the requests waiting for translations with a 503 (Service.halt): called
+    shutdown_timeout after the first signal, or at a second one."""
+
+    def __init__(
+        self, config: uvicorn.Config, halt: Callable[[str], None], shutdown_timeout: float
+    ):
+        super().__init__(config)
+        self.halt, self.shutdown_timeout = halt, shutdown_timeout
+        self.signals = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -50,12 +73,36 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     def _stop(self, sig: int, frame: FrameType | None) -> None:
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True  # a second Ctrl-C: do not wait
-            return
+        # (a signal handler: it only sets flags and hands the rest to the event loop)
         name = signal.Signals(sig).name
-        log.warning("nmt-serve: %s: finishing the requests in flight, then exiting", name)
+        self.signals += 1
         self.should_exit = True
+        loop = self.loop
+        if self.signals == 1:
+            log.warning(
+                "nmt-serve: %s: finishing the requests in flight (for up to "
+                "shutdown_timeout=%g s), then exiting",
+                name,
+                self.shutdown_timeout,
+            )
+            message = (
+                f"the server is stopping; not translated within shutdown_timeout="
+                f"{self.shutdown_timeout:g} s; retry on another server"
+            )
+            if loop is not None:
+                loop.call_soon_threadsafe(
+                    loop.call_later, self.shutdown_timeout, self.halt, message
+                )
+            return
+        if self.signals == 2:
+            log.warning("nmt-serve: %s again: answering the requests in flight now", name)
+            if loop is not None:
+                message = "the server is stopping; its drain was cut short; retry elsewhere"
+                loop.call_soon_threadsafe(self.halt, message)
+                loop.call_soon_threadsafe(loop.call_later, CUT_SHORT_GRACE, self._cut_short)
+
+    def _cut_short(self) -> None:
+        self.force_exit = True  # uvicorn stops waiting for connections and skips the lifespan
 
 
 def serve(cfg: ServeConfig) -> int:
@@ -82,14 +129,14 @@ def serve(cfg: ServeConfig) -> int:
         app,
         log_level=cfg.log_level,
         access_log=cfg.access_log,
-        timeout_graceful_shutdown=int(cfg.shutdown_timeout) or None,
+        timeout_graceful_shutdown=cfg.shutdown_timeout + DRAIN_GRACE,  # type: ignore[arg-type]
         lifespan="on",
         http=protocol_class(HttpLimits.of(cfg)),  # httptools, bounded (protocol.py)
         ws="none",  # no WebSocket routes: an upgrade never leaves the bounded protocol
         timeout_keep_alive=cfg.keep_alive_timeout,  # type: ignore[arg-type]  # call_later: a float
     )
     RedactSecrets.install()  # after uvicorn.Config, which configures uvicorn's loggers
-    server = _Server(config)
+    server = _Server(config, app.state.service.halt, cfg.shutdown_timeout)
     shown = f"[{host}]" if ":" in host else host
     print(
         f"nmt-serve: serving on http://{shown}:{port} (the models are loading; "
@@ -101,6 +148,17 @@ def serve(cfg: ServeConfig) -> int:
         server.run(sockets=[sock])
     finally:
         sock.close()
+    if not app.state.workers_stopped:  # the lifespan's shutdown was cut short (or failed)
+        app.state.workers_stopped = app.state.stop_workers()
+    if not app.state.workers_stopped:
+        # A thread is still inside torch (a decoding step or a model loading past the
+        # wait): finalizing the interpreter under it aborts the process (SIGABRT, exit
+        # 134). Every answer has been sent and nothing else is left to write, so leave
+        # at once, without finalizing.
+        log.warning("nmt-serve: a model's thread is still busy; exiting without waiting")
+        print("nmt-serve: stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
     if failure:
         exc = failure[0]
         raise exc if isinstance(exc, NmtError) else NmtError(f"loading the models failed: {exc}")

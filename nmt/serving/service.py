@@ -1,5 +1,7 @@
 """What every route does with text: check the limits, queue a Job on the model's
-BatchQueue, and await its answer within the request timeout. The model's worker turns
+BatchQueue, and await its answer within the request timeout (a job is refused at once
+when it could not be done in time, and cancelled as soon as its client leaves, its time
+is up or the server halts: batching.py). The model's worker turns
 text into ids, decodes, and builds the answer (the `finish` functions here), so the event
 loop only parses requests and writes JSON. The routes (libretranslate.py, native.py) only
 parse and shape answers.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +20,13 @@ from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.encoding import PieceNames, target_ids
 from nmt.generation.translator import TargetScore
-from nmt.serving.batching import SCORE, Closed, Job, QueueFull
+from nmt.serving.batching import SCORE, Closed, Expired, Job, Overloaded, QueueFull
 from nmt.serving.config import ServeConfig
+from nmt.serving.disconnect import client_gone
 from nmt.serving.errors import ApiError, bad_request, too_large
 from nmt.serving.models import ModelRegistry, ServedModel
+
+STOPPING = "the server is stopping; retry on another"
 
 
 @dataclass
@@ -38,10 +44,31 @@ class Service:
         self.cfg = cfg
         self.models: ModelRegistry | None = None
         self.source_pieces: dict[str, PieceNames] = {}
+        self.stopping: str | None = None  # halt()'s message: every request is refused
+        self._halted: asyncio.Future | None = None  # done once halted (in its loop)
 
     def ready(self, models: ModelRegistry) -> None:
         self.source_pieces = {m.name: PieceNames(m.translator.src_tokenizer) for m in models.models}
         self.models = models
+
+    def halt(self, message: str) -> None:
+        """Answer every request waiting for its translations now, and every new one,
+        with a 503 that says `message` (the server is stopping); their jobs are
+        cancelled, so the workers drop them at the next decoding step. Call it in the
+        server's event loop."""
+        self.stopping = message
+        halted = self._halted
+        if halted is not None and not halted.done() and not halted.get_loop().is_closed():
+            halted.set_result(None)
+
+    def _halt_signal(self) -> asyncio.Future:
+        """A future of this loop that halt() completes."""
+        loop = asyncio.get_running_loop()
+        if self._halted is None or self._halted.get_loop() is not loop:
+            self._halted = loop.create_future()
+            if self.stopping is not None:
+                self._halted.set_result(None)
+        return self._halted
 
     def registry(self) -> ModelRegistry:
         if self.models is None:
@@ -162,6 +189,13 @@ class Service:
         return await self._run(model, job)
 
     async def _run(self, model: ServedModel, job: Job) -> Answer:
+        """Queue the job with its deadline (request_timeout from now) and await it; the
+        job is cancelled (dropped from the queue, or from its batch at the next step) as
+        soon as nobody waits for it: its client left, its deadline passed, or halt()."""
+        timeout = self.cfg.request_timeout
+        if self.stopping is not None:
+            raise ApiError(503, self.stopping, kind="stopping")
+        job.deadline = time.monotonic() + timeout
         try:
             future = model.queue.submit(job)
         except QueueFull:
@@ -171,22 +205,51 @@ class Service:
                 f"(max_queue={self.cfg.max_queue}); retry in a moment",
                 kind="busy",
             ) from None
-        except Closed:
-            raise ApiError(
-                503, "the server is stopping; retry on another", kind="stopping"
-            ) from None
-        try:
-            value = await asyncio.wait_for(asyncio.wrap_future(future), self.cfg.request_timeout)
-        except asyncio.TimeoutError:
+        except Overloaded as exc:
             raise ApiError(
                 503,
-                f"request_timeout={self.cfg.request_timeout:g}: not translated in time (the "
-                "server is busy); retry later, or send fewer sentences",
-                kind="timeout",
+                f"request_timeout={timeout:g}: {exc}; retry in {exc.retry_after} s, or send "
+                "fewer sentences",
+                kind="overloaded",
+                retry_after=exc.retry_after,
             ) from None
-        except NmtError as exc:  # a line the model refuses (overlong=error)
-            raise too_large(str(exc)) from None
-        return Answer(value, job.warnings)
+        except Closed:
+            raise ApiError(503, STOPPING, kind="stopping") from None
+        answer = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(client_gone())
+        halted = self._halt_signal()
+        try:
+            done, _ = await asyncio.wait(
+                (answer, gone, halted),
+                timeout=job.deadline - time.monotonic(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            gone.cancel()
+            answer.cancel()  # (done already, or nobody waits: the worker drops the job)
+        if answer in done:
+            try:
+                value = answer.result()
+            except NmtError as exc:  # a line the model refuses (overlong=error)
+                raise too_large(str(exc)) from None
+            except Closed:
+                raise ApiError(503, STOPPING, kind="stopping") from None
+            except Expired:  # the worker saw the deadline pass first
+                raise self._timed_out() from None
+            return Answer(value, job.warnings)
+        if halted in done:
+            raise ApiError(503, self.stopping or STOPPING, kind="stopping")
+        if gone in done:  # nobody reads this answer; 499 as nginx logs it
+            raise ApiError(499, "the client closed the connection", kind="gone")
+        raise self._timed_out()
+
+    def _timed_out(self) -> ApiError:
+        return ApiError(
+            503,
+            f"request_timeout={self.cfg.request_timeout:g}: not translated in time (the "
+            "server is busy); retry later, or send fewer sentences",
+            kind="timeout",
+        )
 
 
 # -- answers, built by the model's worker (Job.finish) ----------------------------------

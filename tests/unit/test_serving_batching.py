@@ -14,7 +14,7 @@ import pytest
 from nmt import Translator
 from nmt.errors import NmtError
 from nmt.generation.encoding import target_ids
-from nmt.serving.batching import SCORE, BatchQueue, Closed, Job, QueueFull
+from nmt.serving.batching import SCORE, BatchQueue, Closed, Expired, Job, Overloaded, QueueFull
 from tests.helpers import run_training, tiny_config
 from tests.rounding import text_logprob_tolerance
 
@@ -148,10 +148,10 @@ def test_max_tokens_bounds_the_padded_batch(translator, texts, queue_factory, mo
     padded: list[int] = []
     run = batching._run
 
-    def recording(head, batch):
+    def recording(head, batch, cancelled):
         costs = [job.cost(i) for job, i in batch if job.cost(i)]
         padded.append(len(costs) * max(costs))
-        return run(head, batch)
+        return run(head, batch, cancelled)
 
     monkeypatch.setattr(batching, "_run", recording)
     queue = queue_factory(max_sentences=64, max_tokens=60, max_wait=0.0)
@@ -269,3 +269,93 @@ def test_clients_that_send_again_fill_batches(translator, texts, queue_factory):
     # the first batch may hold the first comers only (those clients are then a round
     # ahead, and the last batch is the others' last round); every batch between is full
     assert queue.batches.count(8) >= 3 and all(b == 8 for b in queue.batches[1:-1]), queue.batches
+
+
+# -- work nobody waits for, deadlines and admission -------------------------------------
+
+LONG = dict(min_len=150, max_len_b=150, max_len_a=0.0)  # every sentence decodes 150 steps
+
+
+def _dropped(queue: BatchQueue) -> list[int]:
+    dropped: list[int] = []
+    queue.on_drop = dropped.append
+    return dropped
+
+
+def test_translate_ids_cancelled_sources_get_nothing_and_the_others_the_same(translator, texts):
+    encoder = translator.source_encoder()
+    sources = [encoder.fit(ids, i) for i, ids in enumerate(encoder.to_ids(texts[:6]))]
+    want = translator.translate_ids(sources, **LONG)
+    asked: list[int] = []
+
+    def cancelled() -> list[int]:
+        asked.append(1)
+        return [1, 4] if len(asked) > 5 else []
+
+    got = translator.translate_ids(sources, cancelled=cancelled, **LONG)
+    assert got[1] == [] and got[4] == []
+    for i in (0, 2, 3, 5):
+        assert [h.tokens.tolist() for h in got[i]] == [h.tokens.tolist() for h in want[i]]
+        assert [h.score for h in got[i]] == [h.score for h in want[i]]  # bitwise
+
+
+def test_a_job_given_up_mid_batch_stops_at_the_next_step(translator, texts, queue_factory):
+    """Two jobs share a batch; one is cancelled while it decodes: its sentences leave the
+    batch (counted as dropped, not decoded) and the other's results are exact."""
+    queue = queue_factory(max_wait=0.0)
+    alone = time.monotonic()
+    queue.submit(_job(translator, texts[:8], **LONG)).result(timeout=120)
+    uncancelled = time.monotonic() - alone
+    dropped = _dropped(queue)
+    with queue._cond:
+        left = queue.submit(_job(translator, texts[:4], **LONG))
+        stays = queue.submit(_job(translator, texts[6:7], **LONG))
+    time.sleep(uncancelled / 10)
+    assert queue._running == 5  # one batch, decoding
+    left.cancel()
+    want = translator.translate_batch(texts[6:7], nbest=1, **LONG)
+    assert _pieces(translator, stays.result(timeout=120)) == [[t.pieces for t in w] for w in want]
+    assert dropped == [4] and queue.batches[-1] == 1
+
+
+def test_jobs_past_their_deadline_are_dropped_before_decoding(translator, texts, queue_factory):
+    queue = queue_factory(max_wait=0.0)
+    dropped = _dropped(queue)
+    with queue._cond:  # the worker takes nothing meanwhile
+        late = _job(translator, texts[:3])
+        late.deadline = time.monotonic() + 0.05
+        late_future = queue.submit(late)
+        fine = queue.submit(_job(translator, texts[6:8]))
+        time.sleep(0.1)
+    assert _pieces(translator, fine.result(timeout=120)) == _wanted(translator, texts[6:8], 1)
+    assert dropped == [3] and queue.batches == [2]
+    with pytest.raises(Expired):
+        late_future.result(timeout=1)
+
+
+def test_admission_refuses_what_cannot_finish_before_the_deadlines(
+    translator, texts, queue_factory
+):
+    """Once the queue has measured its speed, a job that would make the queued work end
+    after the earliest deadline waiting is refused at once; an idle queue admits all."""
+    queue = queue_factory(max_wait=0.0)
+
+    def job(seconds: float | None) -> Job:
+        made = _job(translator, texts[:8], **LONG)
+        made.deadline = None if seconds is None else time.monotonic() + seconds
+        return made
+
+    start = time.monotonic()
+    queue.submit(job(None)).result(timeout=120)  # measured: about `took` per such job
+    took = time.monotonic() - start
+    with pytest.raises(Expired):  # idle: admitted (then too late)
+        queue.submit(job(took / 100)).result(timeout=120)
+    with queue._cond:  # nothing decodes meanwhile: two such jobs queued
+        first = queue.submit(job(10 * took))
+        queue.submit(job(10 * took))
+        with pytest.raises(Overloaded, match=r"about \d+\.\d s of decoding would be queued") as e:
+            queue.submit(job(2.5 * took))  # three jobs' work in 2.5 jobs' time
+        assert e.value.retry_after >= 1
+        first.cancel()  # one job less queued: the third one fits
+        queue.submit(job(2.5 * took))
+    assert queue.submit(job(None))  # no deadline: never refused
