@@ -64,12 +64,15 @@ class Service:
                 )
         return model
 
-    def check_key(self, given: str | None) -> None:
-        """The request's API key must be the server's, when the server has one."""
+    def check_key(self, given: str | None, authorization: str | None = None) -> None:
+        """The request's API key must be the server's, when the server has one: `given`
+        (api_key in its body, form or query string), else its `Authorization: Bearer KEY`
+        header."""
         want = self.cfg.api_key
         if want is None:
             return
-        if given is None or not hmac.compare_digest(given.encode(), want.encode()):
+        key = given or bearer(authorization)
+        if key is None or not hmac.compare_digest(_utf8(key), _utf8(want)):
             raise ApiError(
                 403,
                 "api_key: missing or not this server's; send the key as api_key (or in an "
@@ -187,6 +190,18 @@ class Service:
         except NmtError as exc:  # a line the model refuses (overlong=error)
             raise too_large(str(exc)) from None
         return Answer(value, job.warnings)
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer KEY` header (the scheme in any case)."""
+    scheme, _, key = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def _utf8(key: str) -> bytes:
+    return key.encode("utf-8", "surrogatepass")  # a key that is not text is just not the key
 
 
 # -- answers, built by the model's worker (Job.finish) ----------------------------------
