@@ -91,16 +91,15 @@ class InternalErrors:
         try:
             await self.app(scope, receive, watch)
         except Exception as exc:  # noqa: BLE001 - a bug: logged here, answered 500
-            request = secrets.token_hex(4)
+            request_id = secrets.token_hex(4)
             where = f"{scope.get('method')} {scope.get('path')}"
+            message = f"nmt-serve: internal error, request {request_id}: {where}"
             if _logged_by_a_worker(exc):
-                log.error(
-                    "nmt-serve: internal error, request %s: %s (logged above)", request, where
-                )
+                log.error("%s (its traceback is logged above)", message)
             else:
-                log.error("nmt-serve: internal error, request %s: %s", request, where, exc_info=exc)
+                log.error("%s", message, exc_info=exc)
             if not started:  # else the client sees its answer cut short
-                answer = JSONResponse({"error": "internal error", "request": request}, 500)
+                answer = JSONResponse({"error": "internal error", "request": request_id}, 500)
                 await answer(scope, receive, send)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,18 @@ class Answer:
 
     value: Any
     warnings: list[str]
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer KEY` header (the scheme in any case)."""
+    scheme, _, key = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def _utf8(key: str) -> bytes:
+    return key.encode("utf-8", "surrogatepass")  # a key that is not text is just not the key
 
 
 class Service:
@@ -192,18 +205,6 @@ class Service:
         return Answer(value, job.warnings)
 
 
-def bearer(authorization: str | None) -> str | None:
-    """The key of an `Authorization: Bearer KEY` header (the scheme in any case)."""
-    scheme, _, key = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return key.strip() or None
-
-
-def _utf8(key: str) -> bytes:
-    return key.encode("utf-8", "surrogatepass")  # a key that is not text is just not the key
-
-
 # -- answers, built by the model's worker (Job.finish) ----------------------------------
 
 
@@ -251,12 +252,16 @@ def target_scores(job: Job) -> list[TargetScore]:
 
 def _translation(t) -> dict:
     out: dict[str, Any] = {"text": t.text, "pieces": t.pieces}
-    if t.score is not None:
-        out["score"] = t.score
-        out["token_scores"] = t.token_scores
+    if t.score is not None:  # JSON has no -inf: null (a search that every rule forbade)
+        out["score"] = _finite(t.score)
+        out["token_scores"] = [_finite(s) for s in t.token_scores]
     if t.alignment is not None:
         out["alignment"] = [list(pair) for pair in t.alignment]
     return out
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _attention(job: Job, src, hyps, source_pieces: PieceNames) -> dict:

@@ -6,6 +6,7 @@ runs against one server in seconds."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -345,3 +346,18 @@ def test_a_huge_max_len_is_capped_at_the_model(server):
     assert all(a.status_code == 200 for a in capped), [a.text for a in capped]
     texts = {a.json()["results"][0]["translations"][0]["text"] for a in capped}
     assert len(texts) == 1
+
+
+def test_extreme_but_valid_searches_are_answered(server):
+    """Values a search takes, however extreme, are answered 200 with JSON: sampling at
+    the lowest temperature, and a search whose every token gets forbidden (its score
+    is null: JSON has no -inf)."""
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        for extra in (
+            {"sampling": True, "temperature": 1e-6, "beam": 4, "nbest": 4},
+            {"no_repeat_ngram_size": 1, "max_len_b": 10**6, "min_len": 1000},
+        ):
+            answer = client.post("/v1/translate", json={**NATIVE, **extra, "return_scores": True})
+            assert answer.status_code == 200, (extra, answer.text)
+            for t in answer.json()["results"][0]["translations"]:
+                assert t["score"] is None or math.isfinite(t["score"]), t
