@@ -24,7 +24,7 @@ FORMATS = ("plain", "fairseq")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto", "int8")  # nmt.runtime.INFERENCE_PRECISIONS (no torch)
 OVERLONG = ("truncate", "error")
 MAX_LENPEN = 5.0  # |lenpen|: length**lenpen for lengths up to 10^4 stays a finite fp32 factor
-MAX_UNKPEN = 1e4  # |unkpen|: already far beyond any log-prob; fp32 scores stay finite
+MAX_UNKPEN = 50.0  # |unkpen|: sampling's exp(log-prob + 50) stays a finite fp32 (e^89 is not)
 MIN_TEMPERATURE = 1e-6  # fp32 logits / temperature stay finite (and sampling is greedy)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range, non-negative
 
@@ -63,12 +63,12 @@ class SearchConfig:
                 f"out of range (-{MAX_LENPEN:g} to {MAX_LENPEN:g})",
                 "use 1 for the average log-prob per token, 0 for none (fairseq's usual 0.6-2)",
             )
-        if abs(self.unkpen) > MAX_UNKPEN:  # a log-prob that overflows fp32 makes scores inf
+        if abs(self.unkpen) > MAX_UNKPEN:  # <unk>'s probability must stay a finite fp32
             raise option_error(
                 "unkpen",
                 self.unkpen,
                 f"out of range (-{MAX_UNKPEN:g} to {MAX_UNKPEN:g})",
-                "use 100 to all but forbid <unk>, 0 for no penalty",
+                f"use 0 for no penalty; {MAX_UNKPEN:g} all but forbids <unk>",
             )
         if not 0 <= self.seed <= MAX_SEED:
             raise option_error("seed", self.seed, "out of range", f"use 0 to {MAX_SEED} (2^63 - 1)")

@@ -87,7 +87,7 @@ def _cases() -> list[tuple[str, str, str, dict, bytes]]:
         ("max_len_a", ("NaN", "Infinity", "-1", "-1e308")),
         ("max_len_b", ("-1", "1e308", "Infinity", f"-{HUGE_INT}")),
         ("min_len", ("-1", HUGE_INT, "1000000")),
-        ("unkpen", ("NaN", "Infinity", "-Infinity", "1e308", "-1e308")),
+        ("unkpen", ("NaN", "Infinity", "-Infinity", "1e308", "-1e308", "-100")),
         ("temperature", ("0", "-1", "NaN", "Infinity", "1e-30")),
         ("sampling_topp", ("0", "2", "NaN")),
         ("sampling_topk", ("-1", "5")),
@@ -356,6 +356,7 @@ def test_extreme_but_valid_searches_are_answered(server):
         for extra in (
             {"sampling": True, "temperature": 1e-6, "beam": 4, "nbest": 4},
             {"no_repeat_ngram_size": 1, "max_len_b": 10**6, "min_len": 1000},
+            {"sampling": True, "unkpen": -50.0, "temperature": 1e6},
         ):
             answer = client.post("/v1/translate", json={**NATIVE, **extra, "return_scores": True})
             assert answer.status_code == 200, (extra, answer.text)

@@ -59,7 +59,7 @@ def test_models_from_yaml_are_model_specs():
         (dict(log_level="loud"), "log_level=loud: unknown; use one of critical"),
         (dict(api_docs="yes"), "api_docs=yes: unknown; use one of off, key, public"),
         (dict(api_docs="False"), "api_docs=False: YAML reads off as false; write api_docs"),
-        (dict(unkpen=1e308), "unkpen=1e+308: out of range (-10000 to 10000)"),
+        (dict(unkpen=1e308), "unkpen=1e+308: out of range (-50 to 50)"),
         (dict(max_len_a=float("nan")), "max_len_a=nan: not a finite number"),
         (dict(threads=-1), "threads=-1: must not be negative"),
         (dict(beam=0), "beam=0: must be 1 or more; use 1 for greedy search"),

@@ -281,7 +281,7 @@ def test_options_are_checked_before_loading(tmp_path):
         (dict(max_len_a=float("inf")), "max_len_a=inf: not a finite number"),
         (dict(lenpen=400.0), "lenpen=400.0: out of range (-5 to 5)"),
         (dict(unkpen=float("-inf")), "unkpen=-inf: not a finite number"),
-        (dict(unkpen=-1e308), "unkpen=-1e+308: out of range (-10000 to 10000)"),
+        (dict(unkpen=-1e308), "unkpen=-1e+308: out of range (-50 to 50)"),
         (dict(seed=2**70), f"seed={2**70}: out of range; use 0 to {2**63 - 1}"),
         (dict(seed=-1), "seed=-1: out of range"),
         (dict(sampling_topk=5), "sampling_topk=5: applies to sampling only; add sampling=true"),
