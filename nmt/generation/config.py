@@ -24,6 +24,7 @@ FORMATS = ("plain", "fairseq")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto", "int8")  # nmt.runtime.INFERENCE_PRECISIONS (no torch)
 OVERLONG = ("truncate", "error")
 MAX_LENPEN = 5.0  # |lenpen|: length**lenpen for lengths up to 10^4 stays a finite fp32 factor
+MAX_UNKPEN = 50.0  # |unkpen|: sampling's exp(log-prob + 50) stays a finite fp32 (e^89 is not)
 MIN_TEMPERATURE = 1e-6  # fp32 logits / temperature stay finite (and sampling is greedy)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range, non-negative
 
@@ -36,7 +37,7 @@ class SearchConfig:
     nbest: int = 1  # finished hypotheses returned per sentence (at most beam)
     lenpen: float = 1.0  # final score = sum of log-probs / length**lenpen (length incl. EOS)
     max_len_a: float = 0.0  # longest output: max_len_a * source length + max_len_b tokens
-    max_len_b: int = 200  # (capped by the model's max_target_positions - 1)
+    max_len_b: int = 200  # (any size: capped by the model's max_target_positions - 1)
     min_len: int = 1  # shortest output in tokens, EOS not counted (a lower length limit wins)
     unkpen: float = 0.0  # subtracted from <unk>'s log-prob (positive = fewer <unk>)
     no_repeat_ngram_size: int = 0  # forbid repeating any n-gram of this size; 0 = off
@@ -61,6 +62,13 @@ class SearchConfig:
                 self.lenpen,
                 f"out of range (-{MAX_LENPEN:g} to {MAX_LENPEN:g})",
                 "use 1 for the average log-prob per token, 0 for none (fairseq's usual 0.6-2)",
+            )
+        if abs(self.unkpen) > MAX_UNKPEN:  # <unk>'s probability must stay a finite fp32
+            raise option_error(
+                "unkpen",
+                self.unkpen,
+                f"out of range (-{MAX_UNKPEN:g} to {MAX_UNKPEN:g})",
+                f"use 0 for no penalty; {MAX_UNKPEN:g} all but forbids <unk>",
             )
         if not 0 <= self.seed <= MAX_SEED:
             raise option_error("seed", self.seed, "out of range", f"use 0 to {MAX_SEED} (2^63 - 1)")
@@ -196,7 +204,13 @@ def check_min_len(
             f"model.max_target_positions={max_target_positions})",
             f"use min_len={longest_model} or less",
         )
-    longest = int(search.max_len_a * max_source_positions + search.max_len_b)
+    # in float, capped first: a huge max_len_a or max_len_b gives the model's limit
+    longest = int(
+        min(
+            search.max_len_a * max_source_positions + min(search.max_len_b, longest_model),
+            longest_model,
+        )
+    )
     if search.min_len > longest:
         raise option_error(
             "min_len",

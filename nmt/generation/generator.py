@@ -321,7 +321,7 @@ class SequenceGenerator:
         """Per-sentence output limit (tokens before EOS): a*src_len + b, capped."""
         s = self.search
         # capped in float64 before the cast: a huge a or b must give the cap, not overflow
-        limit = s.max_len_a * src_lengths.double() + float(s.max_len_b)
+        limit = s.max_len_a * src_lengths.double() + float(min(s.max_len_b, self.max_positions))
         return limit.clamp(max=self.max_positions).floor().long().clamp(min=1)
 
     @inference_mode

@@ -102,6 +102,12 @@ def sample_candidates(
     n, k, v = lprobs.shape
     kept, kept_ids = top_k(lprobs.reshape(n * k, v), topk)  # [N*K,C], best first
     probs = top_p(kept.exp(), topp)
+    # A low temperature leaves every allowed token at probability 0 when a rule forbids
+    # the likeliest one (min_len's EOS): take the likeliest allowed one, as greedy would.
+    underflow = probs.sum(dim=1, keepdim=True).le(0)  # [N*K,1]
+    best = torch.zeros_like(probs)
+    best[:, 0] = 1.0
+    probs = torch.where(underflow, best, probs)
     choice = torch.multinomial(probs, 1, generator=generator)  # [N*K,1]
     tokens = kept_ids.gather(1, choice).view(n, k)
     step_lprobs = lprobs.gather(2, tokens.unsqueeze(2)).squeeze(2)  # [N,K]

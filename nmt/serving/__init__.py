@@ -9,14 +9,14 @@ disconnect.py      ClientWatch, client_gone(): whether a request's client has le
 libretranslate.py  LibreTranslate's /translate and /languages
 native.py          /v1/translate, /v1/score, /v1/models: every generation option
 metrics.py         Prometheus metrics (prometheus-client)
-errors.py          ApiError: a refused request, answered as {"error": message}
+errors.py          ApiError: a refused request, answered as {"error": message}; check_text
 languages.py       language names of codes, for /languages and the page
-app.py             create_app(cfg): routes, body limit, /health, /metrics, the page
-handlers.py        error answers: every exception as {"error": message} with its status
+app.py             create_app(cfg): routes, body limit, /health, /metrics, the page, /docs
+handlers.py        error answers: {"error": message} with its status; a bug's 500 logged once
 server.py          serve(cfg): uvicorn on a bound socket, SIGTERM drains and exits 0
+static/            the web page at / (plain HTML and JavaScript) and /docs (self-contained)
 protocol.py        the bounded HTTP/1.1 protocol uvicorn runs: URL, header, connection limits, timeouts
 access_log.py      query-string secrets (api_key, key, token) out of uvicorn's access log
-static/            the web page at / (plain HTML and JavaScript)
 
 Importing nmt.serving (or its config) imports neither FastAPI nor torch; `create_app` and
 `serve` are imported on first use.

@@ -4,9 +4,12 @@ handlers.py).
     create_app(cfg, models=None) -> FastAPI
 
 Without `models`, the app loads cfg's models in a thread when it starts, so the server
-answers at once: /health is 503 until every model is loaded, then 200. Every error is
+answers at once: /health is 503 until every model is loaded, then 200 (a failed load:
+503 "failed", the reason in the log only, as it names files). Every error is
 `{"error": message}` (LibreTranslate's shape) with its status. A body over
-max_body_bytes is refused (413) before anything reads it.
+max_body_bytes is refused (413) before anything reads it. /docs is a page of our own
+(static/docs.html, no third-party script) that renders /openapi.json; both as
+cfg.api_docs says: off, behind the API key (key), or public.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -30,7 +33,7 @@ from nmt import __version__
 from nmt.serving import libretranslate, native
 from nmt.serving.config import ServeConfig
 from nmt.serving.disconnect import ClientWatch
-from nmt.serving.handlers import STATUS_KINDS, add_error_handlers
+from nmt.serving.handlers import STATUS_KINDS, InternalErrors, add_error_handlers
 from nmt.serving.metrics import CONTENT_TYPE, Metrics
 from nmt.serving.models import ModelRegistry
 from nmt.serving.service import STOPPING, Service
@@ -111,6 +114,9 @@ def create_app(
         version=__version__,
         description="Translation with nmt: LibreTranslate's API and nmt's own (/v1).",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their scripts from a CDN: ours below
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.service = service
     app.state.stop_workers = stop_workers
@@ -124,9 +130,27 @@ def create_app(
     async def health() -> JSONResponse:
         if service.models is not None:
             return JSONResponse({"status": "ok", "models": list(service.models.by_name)})
-        if state["error"] is not None:
-            return JSONResponse({"status": "failed", "error": str(state["error"])}, 503)
+        if state["error"] is not None:  # its message names files: the log has it
+            error = "the models did not load; the server's log says why"
+            return JSONResponse({"status": "failed", "error": error}, 503)
         return JSONResponse({"status": "loading"}, 503)
+
+    if cfg.api_docs != "off":
+
+        def check_key(request: Request) -> None:
+            if cfg.api_docs == "key":  # as the translation routes: ?api_key= or Bearer
+                given = request.query_params.get("api_key")
+                service.check_key(given, request.headers.get("authorization"))
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi(request: Request) -> JSONResponse:
+            check_key(request)
+            return JSONResponse(app.openapi())
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs(request: Request) -> FileResponse:
+            check_key(request)
+            return FileResponse(STATIC / "docs.html")
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -155,6 +179,7 @@ def create_app(
         max_body_bytes=cfg.max_body_bytes,
         allowed_hosts=list(cfg.allowed_hosts),
     )
+    app.add_middleware(InternalErrors)  # outside Guard: Guard counts the 500 it answers
     app.add_middleware(ClientWatch)  # outermost: its receive gives only the disconnect
     return app
 

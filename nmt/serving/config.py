@@ -16,6 +16,7 @@ from nmt.errors import NmtError, choice_error, option_error
 from nmt.generation.config import PRECISIONS, SearchConfig, check_batching
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+API_DOCS = ("off", "key", "public")
 
 
 def _host_pattern(host: Any) -> bool:
@@ -55,6 +56,7 @@ class ServeConfig(SearchConfig):
     api_key: Optional[str] = None  # when set, every translation request must carry this key
     cors_origins: list[str] = field(default_factory=lambda: ["*"])  # browser origins allowed
     web_page: bool = True  # serve the translation page at /
+    api_docs: str = "key"  # /docs and /openapi.json: off, key (need api_key, if set) or public
     allowed_hosts: list[str] = field(default_factory=lambda: ["*"])  # Host header names served
     # (exact, or *.example.com; ["*"] = any); on a network, name the server's own
     # HTTP limits, enforced before a request reaches the app (see nmt/serving/protocol.py)
@@ -134,6 +136,12 @@ class ServeConfig(SearchConfig):
             raise option_error(
                 "threads", self.threads, "must not be negative", "use 0 for torch's default"
             )
+        if self.api_docs in ("False", "false"):  # YAML reads an unquoted off as false
+            raise option_error(
+                "api_docs", self.api_docs, "YAML reads off as false", 'write api_docs: "off"'
+            )
+        if self.api_docs not in API_DOCS:
+            raise choice_error("api_docs", self.api_docs, API_DOCS)
         if self.log_level not in LOG_LEVELS:
             raise choice_error("log_level", self.log_level, LOG_LEVELS)
 

@@ -3,7 +3,7 @@
     POST /translate  q (a string, or a list of strings), source (a code or "auto"), target,
                      format ("text"), alternatives (n), api_key; as a JSON body, or
                      form-encoded (application/x-www-form-urlencoded or multipart), or in the
-                     query string
+                     query string; the key may also come as `Authorization: Bearer KEY`
                   -> {"translatedText": str | [str]} (+ "alternatives", "detectedLanguage")
     POST /detect     q (a string), api_key
                   -> [{"confidence": 100.0, "language": code}]: the one source language served
@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from nmt.serving.errors import ApiError, bad_request
+from nmt.serving.errors import ApiError, bad_request, check_text, printable
 from nmt.serving.models import AUTO
 from nmt.serving.service import Service, texts_of
 
@@ -45,7 +45,7 @@ def router(service: Service) -> APIRouter:
     @routes.post("/detect")
     async def detect(request: Request) -> JSONResponse:
         params = await _params(request)
-        service.check_key(_key(params))
+        service.check_key(_key(params, request), request.headers.get("authorization"))
         q = params.get("q")
         if not q:
             raise bad_request("Invalid request: missing q parameter")
@@ -57,7 +57,7 @@ def router(service: Service) -> APIRouter:
     @routes.post("/translate")
     async def translate(request: Request) -> JSONResponse:
         params = await _params(request)
-        service.check_key(_key(params))
+        service.check_key(_key(params, request), request.headers.get("authorization"))
         q = params.get("q")
         source, target = params.get("source"), params.get("target")
         for name, value in (("q", q), ("source", source), ("target", target)):
@@ -68,8 +68,8 @@ def router(service: Service) -> APIRouter:
         if not isinstance(source, str) or not isinstance(target, str):
             name = "source" if not isinstance(source, str) else "target"
             raise bad_request(f"{name}: must be a language code (a string)")
-        text_format = params.get("format") or "text"
-        if text_format != "text":
+        text_format = params.get("format")
+        if text_format not in (None, "", "text"):
             raise bad_request(f"format={text_format}: not supported; use format=text")
         alternatives = _alternatives(params.get("alternatives"), service.cfg.max_beam)
         texts = [q] if isinstance(q, str) else q
@@ -114,7 +114,8 @@ def request_is_json(request: Request) -> bool:
 
 
 async def _params(request: Request) -> dict[str, Any]:
-    """The request's parameters: its JSON object, or its form fields over its query string."""
+    """The request's parameters: its JSON object, or its form fields over its query
+    string; all of their text checked (errors.check_text)."""
     if request_is_json(request):
         try:
             body = json.loads(await request.body())
@@ -122,6 +123,7 @@ async def _params(request: Request) -> dict[str, Any]:
             raise bad_request(f"body: not valid JSON ({exc})") from None
         if not isinstance(body, dict):
             raise bad_request("body: Invalid JSON format; send a JSON object")
+        check_text(body)
         return body
     params: dict[str, Any] = dict(request.query_params)
     if request.method == "POST":
@@ -132,27 +134,38 @@ async def _params(request: Request) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - python-multipart's many parse errors
             raise bad_request(f"body: not a readable form ({exc})") from None
         params.update({k: v for k, v in form.items() if isinstance(v, str)})
+    check_text(params)
     return params
 
 
-def _key(params: dict[str, Any]) -> str | None:
-    """LibreTranslate's api_key (the npm client's spelling apiKey too)."""
-    key = params.get("api_key") or params.get("apiKey")
+def _key(params: dict[str, Any], request: Request) -> str | None:
+    """LibreTranslate's api_key (the npm client's spelling apiKey too), from the body or
+    form, else from the query string (a JSON body's too)."""
+    key = params.get("api_key") or params.get("apiKey") or request.query_params.get("api_key")
     return key if isinstance(key, str) and key else None
 
 
 def _alternatives(value: Any, max_beam: int) -> int:
-    """The alternatives asked for: n more translations need a beam of n + 1."""
+    """The alternatives asked for (a whole number, or its digits in a form): n more
+    translations need a beam of n + 1."""
     if value is None or value == "":
         return 0
-    try:
-        n = max(0, int(value))
-    except (TypeError, ValueError):
-        raise bad_request("Invalid request: alternatives parameter is not a number") from None
     most = min(ALTERNATIVES_LIMIT, max_beam - 1)
-    if n > most:
-        raise bad_request(f"alternatives={n}: more than {most}; ask for fewer alternatives")
-    return n
+    if isinstance(value, str) and len(value) < 100:  # a form's digits
+        try:
+            value = int(value)
+        except ValueError:
+            pass
+    if not isinstance(value, int) or isinstance(value, bool):
+        shown = printable(value if isinstance(value, str) else json.dumps(value))[:40]
+        raise bad_request(
+            f"alternatives={shown}: not a number of alternatives; give a whole number "
+            f"from 0 to {most}"
+        )
+    if not 0 <= value <= most:
+        shown = str(value) if value.bit_length() < 64 else "a huge number"
+        raise bad_request(f"alternatives={shown}: not between 0 and {most}; ask for fewer")
+    return value
 
 
 def _alternative_texts(per_line: list[list[str]], wanted: int, best: str) -> list[str]:

@@ -11,7 +11,9 @@
 A text is one sentence, as for Translator.translate_batch, and the answers equal its
 answers: the search options a request may give are SearchConfig's (but use_cache, the
 server's choice), made into the request's search as a Translator call makes its own.
-Wrong types are 422, malformed JSON 400, limits 413 (`{"error": message}`).
+Wrong types and non-finite numbers (NaN, Infinity) are 422, malformed JSON and text that is
+not UTF-8 (a lone surrogate) 400, limits 413 (`{"error": message}`). The API key is the
+body's api_key, the query string's, or an `Authorization: Bearer KEY` header.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import dataclasses
 import typing
 from typing import Any, Optional
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from nmt.generation.config import SEARCH_OPTIONS, SearchConfig
+from nmt.serving.errors import check_text
 from nmt.serving.service import Service, translations_of
 
 # The search options a request may give: every one but use_cache, which changes how fast
@@ -33,7 +36,8 @@ REQUEST_SEARCH_OPTIONS = tuple(k for k in SEARCH_OPTIONS if k != "use_cache")
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # NaN and Infinity (which JSON parsers accept) are refused in every number (a 422)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     model: Optional[str] = Field(None, description="the model's name; or give source and target")
     source: Optional[str] = Field(None, description="source language code")
@@ -95,9 +99,9 @@ def router(service: Service) -> APIRouter:
 
     @routes.post("/translate")
     async def translate(
-        body: TranslateBody, authorization: Optional[str] = Header(None)
+        body: TranslateBody, request: Request, authorization: Optional[str] = Header(None)
     ) -> JSONResponse:
-        service.check_key(body.api_key or _bearer(authorization))
+        _check(service, body, request, authorization)
         chars = sum(len(p) for p in body.prefixes or [] if p)
         service.check_size("texts", body.texts, extra_chars=chars)
         model = service.find(body.model, body.source, body.target)
@@ -116,8 +120,10 @@ def router(service: Service) -> APIRouter:
         )
 
     @routes.post("/score")
-    async def score(body: ScoreBody, authorization: Optional[str] = Header(None)) -> JSONResponse:
-        service.check_key(body.api_key or _bearer(authorization))
+    async def score(
+        body: ScoreBody, request: Request, authorization: Optional[str] = Header(None)
+    ) -> JSONResponse:
+        _check(service, body, request, authorization)
         service.check_size("sources", body.sources, extra_chars=sum(map(len, body.targets)))
         model = service.find(body.model, body.source, body.target)
         search = service.search(model, {"lenpen": body.lenpen})
@@ -128,7 +134,8 @@ def router(service: Service) -> APIRouter:
     return routes
 
 
-def _bearer(authorization: str | None) -> str | None:
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    return None
+def _check(service: Service, body: _Body, request: Request, authorization: str | None) -> None:
+    """The body's text (a 400 for what is not UTF-8 text), then the API key: the body's
+    api_key, else the query string's, else a Bearer token."""
+    check_text(dict(body))
+    service.check_key(body.api_key or request.query_params.get("api_key"), authorization)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,18 @@ class Answer:
 
     value: Any
     warnings: list[str]
+
+
+def bearer(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer KEY` header (the scheme in any case)."""
+    scheme, _, key = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return key.strip() or None
+
+
+def _utf8(key: str) -> bytes:
+    return key.encode("utf-8", "surrogatepass")  # a key that is not text is just not the key
 
 
 class Service:
@@ -91,12 +104,15 @@ class Service:
                 )
         return model
 
-    def check_key(self, given: str | None) -> None:
-        """The request's API key must be the server's, when the server has one."""
+    def check_key(self, given: str | None, authorization: str | None = None) -> None:
+        """The request's API key must be the server's, when the server has one: `given`
+        (api_key in its body, form or query string), else its `Authorization: Bearer KEY`
+        header."""
         want = self.cfg.api_key
         if want is None:
             return
-        if given is None or not hmac.compare_digest(given.encode(), want.encode()):
+        key = given or bearer(authorization)
+        if key is None or not hmac.compare_digest(_utf8(key), _utf8(want)):
             raise ApiError(
                 403,
                 "api_key: missing or not this server's; send the key as api_key (or in an "
@@ -299,12 +315,16 @@ def target_scores(job: Job) -> list[TargetScore]:
 
 def _translation(t) -> dict:
     out: dict[str, Any] = {"text": t.text, "pieces": t.pieces}
-    if t.score is not None:
-        out["score"] = t.score
-        out["token_scores"] = t.token_scores
+    if t.score is not None:  # JSON has no -inf: null (a search that every rule forbade)
+        out["score"] = _finite(t.score)
+        out["token_scores"] = [_finite(s) for s in t.token_scores]
     if t.alignment is not None:
         out["alignment"] = [list(pair) for pair in t.alignment]
     return out
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _attention(job: Job, src, hyps, source_pieces: PieceNames) -> dict:

@@ -98,3 +98,22 @@ def test_type_click_see_the_translation_and_its_heatmap(server, browser, tmp_pat
         text = item.get_attribute("textContent")
         assert text[: len(text) - len(shown)].strip() == want_one["text"].strip()
         assert abs(float(shown) - want_one["score"]) <= 0.0005 + 1e-9  # shown with 3 decimals
+
+
+def test_the_api_docs_page_renders_every_route_from_this_server_only(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    api = httpx.get(f"{server.url}/openapi.json").json()
+    browser.get(server.url + "/docs")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#schemas h3"))
+    assert browser.find_element(By.ID, "status").text == ""
+    shown = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#routes h3 code")]
+    assert sorted(set(shown)) == sorted(api["paths"])
+    schemas = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#schemas h3")]
+    assert schemas == list(api["components"]["schemas"])
+    assert "texts" in browser.find_element(By.ID, "schemas").text  # fields with their types
+    loaded = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert loaded and all(url.startswith(server.url + "/") for url in loaded), loaded

@@ -124,6 +124,18 @@ def test_sampling_respects_topk_and_topp():
     assert math.isclose(tokens.eq(3).float().mean().item(), 0.05, abs_tol=0.02)
 
 
+def test_sampling_takes_the_likeliest_allowed_token_when_the_rest_underflow():
+    """At a low temperature every token but the likeliest has probability 0 in fp32; a
+    rule that forbids that one (min_len's EOS) leaves the next likeliest, as greedy does."""
+    logits = torch.tensor([[[2.0, 5.0, 3.0, 1.0]]]) / 1e-4  # [1,1,4]
+    lprobs = torch.log_softmax(logits, dim=-1)
+    lprobs[..., 1] = -math.inf  # the likeliest token forbidden
+    assert lprobs.exp().sum() == 0
+    rng = torch.Generator().manual_seed(1)
+    scores, tokens, _ = sample_candidates(lprobs, torch.zeros(1, 1), generator=rng)
+    assert tokens.tolist() == [[2]] and scores.item() == lprobs[0, 0, 2].item()
+
+
 @pytest.mark.parametrize("vocab", [8000, 8003, 1001, 37])
 @pytest.mark.parametrize("beam", [1, 2, 5])
 def test_sentence_topk_equals_topk_of_the_sums(vocab, beam):

@@ -487,6 +487,7 @@ def test_a_failed_load_is_reported(tmp_path):
         assert seen.wait(60)
         health = client.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "failed"
+        assert "broken.pt" not in health.text and str(tmp_path) not in health.text
     assert isinstance(failures[0], NmtError) and "broken.pt" in str(failures[0])
 
 

@@ -280,6 +280,8 @@ def test_options_are_checked_before_loading(tmp_path):
         (dict(lenpen=float("nan")), "lenpen=nan: not a finite number"),
         (dict(max_len_a=float("inf")), "max_len_a=inf: not a finite number"),
         (dict(lenpen=400.0), "lenpen=400.0: out of range (-5 to 5)"),
+        (dict(unkpen=float("-inf")), "unkpen=-inf: not a finite number"),
+        (dict(unkpen=-1e308), "unkpen=-1e+308: out of range (-50 to 50)"),
         (dict(seed=2**70), f"seed={2**70}: out of range; use 0 to {2**63 - 1}"),
         (dict(seed=-1), "seed=-1: out of range"),
         (dict(sampling_topk=5), "sampling_topk=5: applies to sampling only; add sampling=true"),
@@ -398,6 +400,15 @@ def test_per_call_options_decode_as_a_translator_built_with_them(
     by_ids = translator.translate_ids([p + [EOS] if p else [] for p in pieces], **options)
     assert [[h.score for h in x] or [0.0] for x in by_ids] == [[t.score for t in x] for x in want]
     assert translator.search is before and translator.search == SearchConfig(nbest=2, **SEARCH)
+
+
+def test_a_huge_max_len_is_the_models_limit(translator, texts):
+    """max_len_a and max_len_b take any finite size: the model's limit caps them."""
+    limit = translator.max_target_positions - 1
+    capped = translator.translate(texts[:2], max_len_a=0.0, max_len_b=limit)
+    assert translator.translate(texts[:2], max_len_a=1e308) == capped
+    assert translator.translate(texts[:2], max_len_a=0.0, max_len_b=10**400) == capped
+    assert len(translator.translate(texts[:2], max_len_b=10**400, min_len=2)) == 2
 
 
 def test_per_call_options_are_checked_for_the_model(translator, texts, checkpoint):
