@@ -177,10 +177,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if self.refusal is not None:
                 self._refuse(*self.refusal)
                 return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
-            self.refused = True  # closed: the rest of the input is not parsed
+            # JSON and a rate-limited warning, as every other refusal of this layer
+            self._refuse(400, "request: not valid HTTP/1.1 (request line, method or headers)")
         except httptools.HttpParserUpgrade:
             pass  # no WebSocket routes (ws="none"): the request is answered as plain HTTP
 

@@ -179,6 +179,7 @@ def _cases() -> list[tuple[str, str, str, dict, bytes]]:
         ("GET", "/static/%2e%2e/%2e%2e/etc/passwd"),
         ("GET", "/static/nope.js"),
         ("PROPFIND", "/translate"),
+        ("FOO", "/translate"),  # not an HTTP method: refused by the HTTP layer, in JSON
     ):
         cases.append((f"{method} {path}", method, path, JSON, b"{}"))
     text = {"Content-Type": "text/plain"}
