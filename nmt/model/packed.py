@@ -16,12 +16,14 @@ differently (to fp32's ~1e-7), as any two GEMMs do; translations stay fp32 trans
 oneDNN JIT-compiles a kernel for each shape it multiplies and keeps it in two caches
 (oneDNN's primitive cache and ideep's, 1,024 entries each): a search's products have M =
 sentences x beam rows, shrinking as sentences finish, and the encoder's M = batch x
-source length, so nearly every batch brings new shapes, and a server's memory grew by the
-kernels of every shape it had met (3-5x under steady mixed load, never returned). A
-PackedLinear therefore pads M up to a bucket (row_bucket: 8 per doubling, at most 1/8 more
-rows), which bounds the distinct shapes by the logarithm of the largest M. A row's
-outputs are its own dot products, so the padded rows (zeros, sliced off) change no other
-row's outputs: the same kernel computes each row whatever M is (tests/unit/test_packed.py).
+source length, so nearly every batch brings new shapes, and a server's memory grew with
+the kernels of every shape it had met, never returned. A PackedLinear therefore pads M
+up to a bucket (row_bucket: 8 per doubling, at most 1/8 more rows), which bounds the
+distinct shapes by the logarithm of the largest M and compiles fewer kernels (capping
+the caches instead would compile a shape again each time it came back). A row's outputs
+are its own dot products: the padded rows (zeros, sliced off) never reach the others,
+and only the kernel oneDNN picks for the padded shape could round differently from the
+exact shape's, within fp32's rounding (tests/unit/test_packed.py).
 
 `pack_fp32(model)` swaps every linear layer of a Transformer for a PackedLinear, in place,
 where `fp32_gemm()` says "onednn" (NMT_FP32_GEMM=onednn|torch overrides the choice).
