@@ -2,7 +2,7 @@
 steady mix of batch shapes, for each way of keeping oneDNN's per-shape kernels bounded.
 
     .venv/bin/python -m benchmarks.serve_memory [--batches 160] [--rounds 2] \\
-        [--variants unbounded,bucketed,capped,small-on-torch,torch] [--generate-lines 3000]
+        [--variants unbounded,bucketed,capped,small-on-torch,torch] [--generate-lines 1000,4000]
 
 A server (or nmt-generate on a long file) meets a new matrix shape in nearly every batch:
 a search step multiplies sentences x beam rows (fewer as sentences finish), the encoder
@@ -26,8 +26,10 @@ balanced order each round, so the machine's drift hits all alike; speed is repor
 the median over rounds of each variant's ratio to `unbounded` in the same round, in wall
 time and in the child's CPU time (which drifts less on a shared machine).
 
-`--generate-lines N` also runs nmt-generate (the CLI, in the child) on N lines of varied
-length (Multi30k sentences joined 1-4 at a time) per variant and reports its peak RSS.
+`--generate-lines N[,N2...]` also runs nmt-generate (the CLI, in the child) on the first
+N lines of one file of varied lengths (Multi30k sentences joined 1-4 at a time) per
+variant and count, and reports its peak RSS: memory that stays bounded does not grow with
+the file.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--torch-rows", type=common.positive_int, default=64, help="small-on-torch: rows below"
     )
-    p.add_argument("--generate-lines", type=common.nonnegative_int, default=0)
+    p.add_argument("--generate-lines", type=line_counts, default=[], help="N[,N2...]")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--spm", type=Path, default=common.WORK / "multi30k-spm.model", help="8k SentencePiece"
@@ -75,6 +77,10 @@ def variant_list(value: str) -> list[str]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"{value!r}: use some of {','.join(VARIANTS)}")
     return names
+
+
+def line_counts(value: str) -> list[int]:
+    return [common.positive_int(v) for v in value.split(",") if v]
 
 
 def rss_mib(pid: int | str = "self") -> float:
@@ -283,12 +289,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     header = ["variant", "warmed MiB", "end MiB", "end/warmed", "sentences/s"]
     header += [f"speed vs {base} (wall)", "(CPU time)"]
-    if args.generate_lines:
-        header.append(f"nmt-generate peak MiB ({args.generate_lines} lines)")
-        text = long_file(Path(tmp.name) / "long.txt", args.generate_lines, args.seed)
+    for count in args.generate_lines:
+        header.append(f"nmt-generate peak MiB ({count} lines)")
+        text = long_file(Path(tmp.name) / f"long{count}.txt", count, args.seed)
         for row, variant in zip(rows, runs):
             peak = run_child(variant, checkpoint, str(text), args)["peak_mib"]
-            figures["variants"][variant]["generate_peak_mib"] = peak
+            figures["variants"][variant][f"generate_{count}_lines_peak_mib"] = peak
             row.append(f"{peak:.0f}")
     print(common.markdown_table(header, rows))
     return figures
