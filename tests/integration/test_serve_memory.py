@@ -8,6 +8,9 @@ batch has new matrix shapes. After a warm-up, its resident memory (VmRSS, read f
 oneDNN kept the kernels of every shape met (~600 KiB a shape, up to its caches' 1,024
 entries), and memory grew 3-5x in the probe; this run's load took it past 1.3x.
 
+nmt-generate gets the same bound on a long file: its peak RSS does not grow with the
+file (slow).
+
 The short run is counted in requests, not seconds, so what it checks does not depend on
 this CPU's speed; the slow run keeps the load on for 10 minutes (NMT_SOAK_SECONDS to
 change it).
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,6 +37,7 @@ CLIENTS = 4
 WARM_UP_REQUESTS = 60  # every client's requests together
 SHORT_REQUESTS = 180  # after the warm-up, in the default run
 SEARCH = {"max_len_a": 0.25, "max_len_b": 1}  # short outputs: more batches, more shapes
+GENERATE_GROWTH = 1.06  # nmt-generate's peak RSS on a file 4x as long / on the short one
 SOAK_SECONDS = float(os.environ.get("NMT_SOAK_SECONDS", "600"))  # the slow run
 
 pytestmark = pytest.mark.skipif(
@@ -155,3 +161,49 @@ def test_memory_stays_within_the_bound_under_mixed_load(
         )
     finally:
         assert server.stop() == 0, server.output()
+
+
+_GENERATE = """
+import resource, sys
+from nmt.cli import main
+try:
+    main("generate", sys.argv[1:])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def _generate_peak_mib(checkpoint: Path, text: Path, out: Path, monkeypatch) -> float:
+    """nmt-generate's peak RSS on `text` (one thread, beam 5, batches of 64 sentences)."""
+    monkeypatch.setenv(FP32_GEMM_ENV, "onednn")
+    argv = [f"checkpoint={checkpoint}", f"input={text}", f"output={out}", "device=cpu"]
+    argv += ["threads=1", "max_len_a=0.25", "max_len_b=1"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _GENERATE, *argv], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_nmt_generate_memory_does_not_grow_with_the_file(
+    checkpoint, sentences, tmp_path, monkeypatch
+):
+    """nmt-generate on 800 lines of 1-4 sentences and on 3,200 such lines (the first 800
+    the same): the longer file meets more batch shapes, and its peak RSS must stay within
+    GENERATE_GROWTH of the shorter one's."""
+    rng = random.Random(0)
+    lines = [" ".join(rng.sample(sentences, rng.randint(1, 4))) for _ in range(3200)]
+    # the 64 longest first: both files hold nmt-generate's largest batch, so that the
+    # longer file's peak is not a longer batch's activations
+    longest = sorted(range(len(lines)), key=lambda i: -len(lines[i]))[:64]
+    lines = [lines[i] for i in longest] + [x for i, x in enumerate(lines) if i not in longest]
+    peaks = []
+    for count in (800, 3200):
+        text = tmp_path / f"{count}.en"
+        text.write_text("\n".join(lines[:count]) + "\n", encoding="utf-8")
+        peaks.append(_generate_peak_mib(checkpoint, text, tmp_path / f"{count}.de", monkeypatch))
+    short, long = peaks
+    print(f"nmt-generate peak RSS: {short:.0f} MiB on 800 lines, {long:.0f} MiB on 3,200")
+    assert long <= GENERATE_GROWTH * short, f"{short:.0f} MiB -> {long:.0f} MiB"
