@@ -16,6 +16,8 @@
     generate_paired   beam search speed of the working tree against a git revision,
                       interleaved in one process
     serve             nmt-serve under load (1-32 clients) against offline nmt-generate
+    serve_memory      fp32 CPU translation's memory and speed under a mix of batch shapes,
+                      for each way of bounding oneDNN's per-shape kernels
     scale             nmt-preprocess and nmt-train start-up on 1M-10M pairs
     make_corpus       a synthetic parallel corpus of any size (for scale and tests)
 

@@ -13,6 +13,18 @@ products (a single row through a 192x192 layer): a PackedLinear sends a call of 
 to oneDNN when M*K*N reaches ONEDNN_MIN_MACS and to F.linear below. The two round
 differently (to fp32's ~1e-7), as any two GEMMs do; translations stay fp32 translations.
 
+oneDNN JIT-compiles a kernel for each shape it multiplies and keeps it in two caches
+(oneDNN's primitive cache and ideep's, 1,024 entries each): a search's products have M =
+sentences x beam rows, shrinking as sentences finish, and the encoder's M = batch x
+source length, so nearly every batch brings new shapes, and a server's memory grew with
+the kernels of every shape it had met, never returned. A PackedLinear therefore pads M
+up to a bucket (row_bucket: 8 per doubling, at most 1/8 more rows), which bounds the
+distinct shapes by the logarithm of the largest M and compiles fewer kernels (capping
+the caches instead would compile a shape again each time it came back). A row's outputs
+are its own dot products: the padded rows (zeros, sliced off) never reach the others,
+and only the kernel oneDNN picks for the padded shape could round differently from the
+exact shape's, within fp32's rounding (tests/unit/test_packed.py).
+
 `pack_fp32(model)` swaps every linear layer of a Transformer for a PackedLinear, in place,
 where `fp32_gemm()` says "onednn" (NMT_FP32_GEMM=onednn|torch overrides the choice).
 Training never sees these layers: they are inference only.
@@ -37,6 +49,17 @@ FP32_GEMM_ENV = "NMT_FP32_GEMM"  # names the GEMM instead of the automatic choic
 # rows of a 192x192 layer, 4-8 rows of 192x576 and 192x768, 1 row of 192x8000; this sends
 # a 192x192 layer there from 15 rows, 192x768 from 4, the output layer always.
 ONEDNN_MIN_MACS = 1 << 19
+# Rows a call to oneDNN is padded up to (row_bucket) keep this many bits below the leading
+# one: 2**3 = 8 buckets per doubling of M, so a product computes at most 1/8 more rows
+# than it needs, and M up to 2**16 meets at most 16 + 8 * 12 shapes per layer shape.
+ROW_BUCKET_BITS = 3
+
+
+def row_bucket(rows: int) -> int:
+    """The row count a oneDNN call of `rows` rows computes: `rows` rounded up to keep
+    ROW_BUCKET_BITS + 1 significant bits (1..16 stay as they are; 17 -> 18, 100 -> 104)."""
+    step = 1 << max(0, rows.bit_length() - 1 - ROW_BUCKET_BITS)
+    return -(-rows // step) * step
 
 
 @cache
@@ -145,10 +168,20 @@ class PackedLinear(nn.Module):
         if packed is None or small or x.dtype != torch.float32 or x.requires_grad:
             out = F.linear(flat, self.weight, self.bias)
         else:
-            out = torch.ops.mkldnn._linear_pointwise(
-                flat.contiguous(), packed, self.bias, "none", [], ""
-            )  # [M,N]
+            out = self._onednn(flat, packed)
         return out.view(*x.shape[:-1], self.out_features)
+
+    def _onednn(self, flat: Tensor, packed: Tensor) -> Tensor:
+        """flat [M,K] -> [M,N] on oneDNN, computed as row_bucket(M) rows (zeros below):
+        oneDNN's kernels, and the memory they hold, are per shape (module docstring)."""
+        rows = flat.size(0)
+        padding = row_bucket(rows) - rows
+        if padding:
+            flat = F.pad(flat, (0, 0, 0, padding))  # [M',K], copies
+        out = torch.ops.mkldnn._linear_pointwise(
+            flat.contiguous(), packed, self.bias, "none", [], ""
+        )  # [M',N]
+        return out[:rows]  # [M,N], the leading rows of a contiguous tensor: contiguous
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp32 (onednn)"

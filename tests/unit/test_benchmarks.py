@@ -30,6 +30,7 @@ MODULES = [
     "generate_paired",
     "scale",
     "serve",
+    "serve_memory",
     "make_corpus",
     "checkpoint_save",
 ]

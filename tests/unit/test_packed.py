@@ -2,6 +2,8 @@
 within fp32's rounding on both of its paths, takes oneDNN's from ONEDNN_MIN_MACS on,
 pack_fp32 swaps every linear layer and leaves the model's function as it was, and the
 choice of GEMM follows the CPU unless NMT_FP32_GEMM names one (a bad name is one line).
+Calls to oneDNN are padded to row buckets (a bounded set of shapes: its kernels are per
+shape) and the padding never reaches the outputs.
 
 These run oneDNN's kernels on whatever CPU runs the tests (any x86-64 has them), whether
 or not fp32_gemm() would choose them there."""
@@ -17,17 +19,22 @@ import torch
 from torch import nn
 
 from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig
+from nmt.generation.generator import SequenceGenerator
 from nmt.model.layers import Kernels
 from nmt.model.linear import linear_rows
 from nmt.model.packed import (
     FP32_GEMM_ENV,
     ONEDNN_MIN_MACS,
+    ROW_BUCKET_BITS,
     PackedLinear,
     fp32_gemm,
     onednn_fp32_available,
     pack_fp32,
+    row_bucket,
 )
 from nmt.model.transformer import Transformer
+from nmt.vocab import EOS, PAD
 from tests.helpers import NO_DROPOUT, cached_and_whole_decoding
 
 pytestmark = [
@@ -114,6 +121,56 @@ def test_rows_of_a_packed_layer_compute_those_outputs():
         ).all()
 
 
+def test_row_buckets_are_few_and_add_at_most_an_eighth():
+    buckets = [row_bucket(m) for m in range(1, (1 << 16) + 1)]
+    exact = 2 << ROW_BUCKET_BITS  # 1..16 stay as they are
+    assert buckets[:exact] == list(range(1, exact + 1))
+    for m, bucket in enumerate(buckets, start=1):
+        assert m <= bucket <= m + m / (1 << ROW_BUCKET_BITS)
+        assert row_bucket(bucket) == bucket
+    assert buckets == sorted(buckets)
+    assert len(set(buckets)) == exact + (1 << ROW_BUCKET_BITS) * (16 - 4)
+
+
+def _onednn_input_shapes(module: Callable[[torch.Tensor], object], xs) -> set[tuple]:
+    """The input shapes of the oneDNN calls module(x) made over xs."""
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+    ) as prof:
+        for x in xs:
+            module(x)
+    return {
+        tuple(event.input_shapes[0])
+        for event in prof.events()
+        if event.name == "mkldnn::_linear_pointwise"
+    }
+
+
+def test_onednn_meets_one_shape_per_row_bucket_and_the_padding_never_leaks():
+    torch.manual_seed(4)
+    layer = nn.Linear(64, 96)
+    packed = PackedLinear.from_linear(layer)
+    packed.min_onednn_rows = 0
+    x = torch.randn(300, 64) * torch.logspace(-2, 2, 300)[:, None]
+    weight, bias = layer.weight.detach(), layer.bias.detach()
+    with torch.no_grad():
+        shapes = _onednn_input_shapes(packed, [x[:m] for m in range(1, 301)])
+        assert shapes == {(row_bucket(m), 64) for m in range(1, 301)}
+        for m in (1, 17, 19, 100, 257, 300):
+            got = packed(x[:m])
+            assert got.shape == (m, 96) and got.is_contiguous()
+            # the bucket's other rows are zeros here and real rows there: a row's outputs
+            # are its own, to the bit, whatever the rows below it
+            whole = packed(x[: row_bucket(m)]) if row_bucket(m) <= 300 else None
+            if whole is not None:
+                assert torch.equal(got, whole[:m])
+            exact = x[:m].double() @ weight.double().t() + bias.double()
+            assert ((got.double() - exact).abs() <= _error_bound(x[:m], weight, bias)).all()
+            # as oneDNN computes the same rows on their own shape, to fp32's rounding
+            alone = torch.ops.mkldnn._linear_pointwise(x[:m], packed._packed, bias, "none", [], "")
+            assert ((got - alone).abs() <= 2 * _error_bound(x[:m], weight, bias)).all()
+
+
 def _model(kernels: Kernels | None = None, **overrides) -> Transformer:
     torch.manual_seed(3)
     cfg = replace(NO_DROPOUT, encoder_layers=2, decoder_layers=2, **overrides)
@@ -145,6 +202,27 @@ def test_incremental_decoding_equals_the_whole_prefix_on_onednn(monkeypatch):
     model = pack_fp32(_model(), "onednn")
     steps, whole = cached_and_whole_decoding(model)
     assert torch.allclose(steps, whole, atol=1e-5)
+
+
+def test_translations_are_the_same_with_and_without_row_buckets(monkeypatch):
+    """Beam search on oneDNN for every product (rows shrinking as sentences finish): the
+    buckets' padding changes no translation. Each row's products are its own dot
+    products, so only the kernel oneDNN picks for a shape could round differently (not
+    on the CPUs measured, where they are bitwise equal): scores within fp32 rounding."""
+    monkeypatch.setattr("nmt.model.packed.ONEDNN_MIN_MACS", 1)
+    model = pack_fp32(_model(), "onednn")
+    torch.manual_seed(5)
+    src = torch.randint(4, 40, (7, 9))
+    for i, length in enumerate([9, 3, 5, 8, 2, 6, 7]):
+        src[i, length - 1], src[i, length:] = EOS, PAD
+    search = SearchConfig(beam=3, max_len_a=1.0, max_len_b=3, nbest=3)
+    bucketed = SequenceGenerator([model], search).generate(src)
+    monkeypatch.setattr("nmt.model.packed.row_bucket", lambda rows: rows)
+    exact = SequenceGenerator([model], search).generate(src)
+    for mine, theirs in zip(bucketed, exact, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert torch.equal(a.tokens, b.tokens)
+            assert torch.allclose(a.positional_scores, b.positional_scores, atol=1e-5, rtol=0)
 
 
 def test_the_gemm_follows_the_cpu_and_the_environment_may_name_one(monkeypatch):
