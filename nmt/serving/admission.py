@@ -13,6 +13,7 @@ pushed past its deadline by a later one, as far as the measured speed holds.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol
@@ -34,6 +35,48 @@ def units(texts: Iterable[str], rows: int) -> float:
     return float(sum(len(t) + 1 for t in texts) * rows)
 
 
+class Backlog:
+    """The work queued (units of the sentences not in a batch yet) and the earliest
+    deadline among the jobs it belongs to, kept up to date as jobs come, are batched and
+    leave: O(log n) a job, so admission costs the same with 10 jobs waiting or 4,000."""
+
+    def __init__(self) -> None:
+        self.work = 0.0  # units queued
+        self._queued: dict[int, float] = {}  # id(job) -> its units still queued
+        self._deadlines: list[tuple[float, int, Work]] = []  # heap: (deadline, id, job)
+
+    def add(self, job: Work) -> None:
+        self._queued[id(job)] = job.work
+        self.work += job.work
+        if job.deadline is not None:
+            heapq.heappush(self._deadlines, (job.deadline, id(job), job))
+
+    def left(self, job: Work, sentences: int) -> None:
+        """`job` now has `sentences` not in a batch yet (0: none; it left the queue)."""
+        old = self._queued.get(id(job))
+        if old is None:
+            return
+        units = job.work * sentences / len(job.texts) if sentences > 0 else 0.0
+        if units:
+            self._queued[id(job)] = units
+        else:
+            del self._queued[id(job)]
+        # float drift: exactly 0 once nothing is queued
+        self.work = max(0.0, self.work - old + units) if self._queued else 0.0
+
+    def earliest(self, now: float) -> float | None:
+        """The earliest deadline among the jobs with work queued; jobs past theirs leave
+        the backlog (the worker drops them before decoding)."""
+        heap = self._deadlines
+        while heap:
+            deadline, key, job = heap[0]
+            if key in self._queued and deadline >= now:
+                return deadline
+            heapq.heappop(heap)
+            self.left(job, 0)
+        return None
+
+
 class WorkEstimate:
     """Seconds of decoding ahead, from the measured seconds per unit."""
 
@@ -49,7 +92,7 @@ class WorkEstimate:
         self.unit_seconds = rate if old is None else old + SMOOTHING * (rate - old)
 
     def late(
-        self, new: Work, queued: Iterable[Work], running_work: float, running_for: float
+        self, new: Work, backlog: Backlog, now: float, running_work: float, running_for: float
     ) -> tuple[float, float] | None:
         """(seconds until all the work would be done with `new` queued, seconds left to
         the earliest deadline) when that is too late; None to admit `new` (in time,
@@ -57,18 +100,12 @@ class WorkEstimate:
         rate = self.unit_seconds
         if rate is None or new.deadline is None:
             return None
-        work, earliest = 0.0, new.deadline
-        for job in queued:
-            left = len(job.texts) - job.taken
-            if left <= 0:
-                continue
-            work += job.work * left / len(job.texts)
-            if job.deadline is not None:
-                earliest = min(earliest, job.deadline)
+        earliest = backlog.earliest(now)
+        earliest = new.deadline if earliest is None else min(earliest, new.deadline)
         running = max(0.0, running_work * rate - running_for) if running_work else 0.0
-        if not work and not running:
+        if not backlog.work and not running:
             return None  # an idle server always tries
-        return running + (work + new.work) * rate, earliest
+        return running + (backlog.work + new.work) * rate, earliest
 
 
 def retry_after(seconds: float) -> int:

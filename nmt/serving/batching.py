@@ -35,6 +35,7 @@ requests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -51,7 +52,7 @@ import torch
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.translator import Translator
-from nmt.serving.admission import WorkEstimate, retry_after, units
+from nmt.serving.admission import Backlog, WorkEstimate, retry_after, units
 
 log = logging.getLogger("nmt.serving")
 
@@ -196,7 +197,8 @@ class BatchQueue:
         self.max_wait, self.wait_gap, self.max_queue = max_wait, wait_gap, max_queue
         self.on_batch, self.on_drop = on_batch, on_drop
         self.estimate = WorkEstimate()
-        self._admitted: list[Job] = []  # submitted, not finished (for the estimate)
+        self._backlog = Backlog()  # the work queued and its earliest deadline (admission)
+        self._pending: set[Job] = set()  # submitted, not answered yet
         self._running_work = 0.0  # units of the batch being decoded
         self._batch_start = 0.0
         self._abort = False  # close(cancel=True): drop everything at the next step
@@ -230,11 +232,11 @@ class BatchQueue:
             if self._waiting and self._waiting + n > self.max_queue:
                 raise QueueFull(f"model {self.name} has {self._waiting} sentences waiting")
             now = time.monotonic()
-            self._admitted = [j for j in self._admitted if not j.given_up(now)]
             self._admit(job, now)
             job.arrived = self._last_arrival = now
-            self._admitted.append(job)
-            job.future.add_done_callback(self._count_cancelled)
+            self._pending.add(job)
+            self._backlog.add(job)
+            job.future.add_done_callback(functools.partial(self._done, job))
             self._inbox.append(job)
             self._waiting += n
             self._note_load(job.arrived)
@@ -245,7 +247,7 @@ class BatchQueue:
         """Raise Overloaded when the work queued, `job`'s included, would not be done
         before the earliest deadline of the jobs waiting (admission.py)."""
         running_for = now - self._batch_start
-        late = self.estimate.late(job, self._admitted, self._running_work, running_for)
+        late = self.estimate.late(job, self._backlog, now, self._running_work, running_for)
         if late is None:
             return
         seconds, earliest = late
@@ -258,9 +260,13 @@ class BatchQueue:
                 retry_after(now + seconds - earliest),
             )
 
-    def _count_cancelled(self, future: Future) -> None:
-        if future.cancelled():
-            with self._cond:
+    def _done(self, job: Job, future: Future) -> None:
+        """A job's future is settled (answered, failed or cancelled): its work leaves the
+        backlog at once, so the next request is admitted against what is really left."""
+        with self._cond:
+            self._pending.discard(job)
+            self._backlog.left(job, 0)
+            if future.cancelled():
                 self.cancellations += 1
 
     @property
@@ -276,7 +282,7 @@ class BatchQueue:
             self._closed = True
             if cancel:
                 self._abort = True
-                for job in self._admitted:
+                for job in list(self._pending):  # settling one removes it (_done)
                     _settle(job, exc=Closed(f"model {self.name} is stopping"))
             self._cond.notify()
         self._thread.join(timeout)
@@ -307,6 +313,8 @@ class BatchQueue:
             with self._cond:
                 self._waiting -= len(batch)
                 self._running = len(batch)
+                for job in {id(j): j for j, _ in batch}.values():
+                    self._backlog.left(job, len(job.texts) - job.taken)
                 self._running_work = work
                 self._batch_start = time.monotonic()
             start = time.perf_counter()
