@@ -87,6 +87,24 @@ def cached_and_whole_decoding(model, batch: int = 2) -> tuple[torch.Tensor, torc
     return torch.cat(steps, 1), whole
 
 
+def random_transformer(vocab: int = 40, seed: int = 0):
+    """A small Transformer with random weights (seeded), in eval mode, for decoding tests."""
+    from nmt.model.transformer import Transformer
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        embed_dim=32,
+        ffn_dim=64,
+        attention_heads=4,
+        encoder_layers=2,
+        decoder_layers=2,
+        dropout=0.0,
+        max_source_positions=32,
+        max_target_positions=32,
+    )
+    return Transformer(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab).eval()
+
+
 def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:
     """nmt-preprocess overrides that build `small_corpus` (tests/conftest.py) quickly into
     `dest`: train, valid and test, a 200-piece model without byte pieces, one worker."""

@@ -14,9 +14,9 @@ from torch import nn
 
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator, _Member
-from nmt.model.config import ModelConfig
 from nmt.model.transformer import EncoderOut, Transformer
 from nmt.vocab import BOS, EOS, PAD, UNK
+from tests.helpers import random_transformer
 
 A, B, C = 4, 5, 6  # the Markov model's three words
 
@@ -161,18 +161,7 @@ def test_sampling_with_top1_is_greedy_and_seeded_sampling_repeats():
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        embed_dim=32,
-        ffn_dim=64,
-        attention_heads=4,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-        max_source_positions=32,
-        max_target_positions=32,
-    )
-    return Transformer(cfg, src_vocab_size=40, tgt_vocab_size=40).eval()
+    return random_transformer()
 
 
 def _sources(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:

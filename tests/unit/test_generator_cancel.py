@@ -9,27 +9,16 @@ import torch
 
 from nmt.generation.config import SearchConfig
 from nmt.generation.generator import Hypothesis, SequenceGenerator
-from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
 from nmt.vocab import EOS, PAD
+from tests.helpers import random_transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def model() -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        embed_dim=32,
-        ffn_dim=64,
-        attention_heads=4,
-        encoder_layers=2,
-        decoder_layers=2,
-        dropout=0.0,
-        max_source_positions=32,
-        max_target_positions=32,
-    )
-    return Transformer(cfg, src_vocab_size=40, tgt_vocab_size=40).eval()
+    return random_transformer()
 
 
 def _batch(lengths: list[int], seed: int = 3) -> torch.Tensor:
