@@ -251,8 +251,10 @@ def test_finish_runs_on_the_worker_and_answers(translator, texts, queue_factory)
 
 def test_clients_that_send_again_fill_batches(translator, texts, queue_factory):
     """8 closed-loop clients (each sends its next sentence when answered): once the
-    worker has seen them all in the server together, it waits for all 8 each time."""
-    queue = queue_factory(max_sentences=64, max_wait=5.0, wait_gap=1.0)
+    worker has seen them all in the server together, it waits for all 8 each time. The
+    quiet gap it would stop waiting after is long (5 s), so that a loaded machine's slow
+    thread wake-ups cannot split a batch: with 1 s they once did."""
+    queue = queue_factory(max_sentences=64, max_wait=5.0, wait_gap=5.0)
     start = threading.Barrier(8)
 
     def client(k: int) -> None:
