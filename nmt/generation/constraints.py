@@ -6,12 +6,13 @@ Shape legend: N sentences still being decoded, K beam, R = N*K rows, V target vo
 E the most banned phrases, L the longest phrase, C = 2K candidates a step keeps, M the
 candidates considered before that cut.
 
-Required phrases are dynamic beam allocation (Post & Vilar, 2018), batched as in Hu et
-al. (2019): each row tracks, per phrase, how many of its tokens end the row's history
-(`progress`, as a string matcher would: a mismatch falls back to the longest prefix of
-the phrase that still ends the history) and whether it has appeared (`met`, for good).
-A row's bank is the number of constraint tokens it has produced: the lengths of its met
-phrases plus the progress of the others. Each step a sentence's candidates are the plain
+Required phrases use dynamic beam allocation (Post & Vilar, 2018), batched as in Hu et
+al. (2019), with tensors only: each row tracks, per phrase, how many of its tokens end
+the row's history (`progress`, as a string matcher would: a mismatch falls back to the
+longest prefix of the phrase that still ends the history) and whether it has appeared
+(`met`, for good); phrases are matched independently, in any order, and two may share
+tokens. A row's bank is the number of constraint tokens it has produced: the lengths of
+its met phrases plus the progress of the others. Each step a sentence's candidates are the plain
 search's top 2K, the next token of every unmet phrase of every row and every row's best
 token; duplicates go, and the rest are dealt round-robin over the banks from the
 highest (the best of each bank, then the second best of each, ...), so every bank gets a
@@ -20,7 +21,7 @@ step's candidates: the generator files EOS among the first K and continues the f
 that do not end, as without constraints. EOS is forbidden to rows with an unmet phrase
 (`block_eos`), but at the length limit, where the forced EOS wins: such a hypothesis
 ends with `constraints_met` False. A sentence without constraints sees the plain top 2K
-in its first columns, in order (stable sorts, one bank), so it decodes as it would alone.
+in its first columns, in order (stable sorts, one bank): it decodes as without them.
 
 Banned phrases are a rule on the log-probs (`BannedPhrases`): a row whose history ends
 with all of a phrase but its last token may not produce that token.
@@ -71,12 +72,19 @@ def check_constraints(
             for phrase in phrases:
                 if not phrase:
                     raise NmtError(f"{where}[{i}]: an empty {kind} phrase; leave it out")
-                bad = [t for t in phrase if t in (PAD, BOS, EOS) or not 0 <= t < vocab_size]
+                bad = [t for t in phrase if not _word_id(t, vocab_size)]
                 if bad:
                     raise NmtError(
-                        f"{where}[{i}]: {kind} phrase {list(phrase)} holds {bad[0]}, not a "
+                        f"{where}[{i}]: {kind} phrase {list(phrase)} holds {bad[0]!r}, not a "
                         f"target word id (4..{vocab_size - 1}, or 3 for <unk>)"
                     )
+
+
+def _word_id(token: object, vocab_size: int) -> bool:
+    """An int id of a target word (or <unk>): not PAD, BOS or EOS, within the vocabulary."""
+    if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+        return False
+    return int(token) not in (PAD, BOS, EOS) and 0 <= int(token) < vocab_size
 
 
 def active(

@@ -464,15 +464,7 @@ class SequenceGenerator:
         ]
         if vocab is not None and prefix_tokens is not None:
             prefix_tokens = vocab.to_columns(prefix_tokens)
-        required, banned = None, None
-        rules: list[Rule] = []  # the batch's own rules on the log-probs (its constraints)
-        if constraints is not None:
-            required = RequiredPhrases.of(constraints, k, vocab, device)
-            banned = BannedPhrases.of(constraints, k, vocab, device)
-            if required is not None:
-                rules.append(required.block_eos)
-            if banned is not None:
-                rules.append(banned)
+        required, banned, rules = self._constraints(constraints, vocab, device)
         scores = torch.zeros(bsz, k, device=device)  # [B,K]
         if not self.search.sampling:
             # All K start states are the same; extending only the first avoids K copies.
@@ -492,7 +484,7 @@ class SequenceGenerator:
             vocab=vocab,
             required=required,
             banned=banned,
-            rules=tuple(rules),
+            rules=rules,
             sent=torch.arange(bsz, device=device),
             max_lens=max_lens,
             tokens=torch.full((bsz * k, 1), EOS, dtype=torch.long, device=device),
@@ -502,6 +494,26 @@ class SequenceGenerator:
             longest=longest,
             on_cpu=device.type == "cpu",
         )
+
+    def _constraints(
+        self,
+        constraints: list[TokenConstraints] | None,
+        vocab: BatchVocab | None,
+        device: torch.device,
+    ) -> tuple[RequiredPhrases | None, BannedPhrases | None, tuple[Rule, ...]]:
+        """A batch's constraints (constraints.py): its required phrases, its banned
+        ones, and the rules they add to each step (EOS only once the phrases are met,
+        never a banned phrase)."""
+        if constraints is None:
+            return None, None, ()
+        required = RequiredPhrases.of(constraints, self.beam, vocab, device)
+        banned = BannedPhrases.of(constraints, self.beam, vocab, device)
+        rules: list[Rule] = []
+        if required is not None:
+            rules.append(required.block_eos)
+        if banned is not None:
+            rules.append(banned)
+        return required, banned, tuple(rules)
 
     def _step(
         self, state: _BatchSearch, step: int, attn_layer: int | None

@@ -382,6 +382,7 @@ def test_bad_constraints_are_refused(model):
         ([TokenConstraints(include=((),)), None], r"^constraints\[0\]: an empty include phrase"),
         ([None, TokenConstraints(exclude=((5, EOS),))], r"^constraints\[1\]: exclude phrase"),
         ([TokenConstraints(include=((40,),)), None], r"holds 40, not a target word id"),
+        ([None, TokenConstraints(include=(("Hund",),))], r"holds 'Hund', not a target word"),
         ([None], r"^constraints: 1 of them for 2 sentences"),
     ]
     for constraints, message in cases:
