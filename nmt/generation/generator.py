@@ -31,8 +31,18 @@ import torch
 from torch import Tensor
 
 from nmt.data.lexical import Shortlist
+from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
-from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors
+from nmt.generation.constraints import (
+    BannedPhrases,
+    PhraseState,
+    RequiredPhrases,
+    TokenConstraints,
+    active,
+    check_constraints,
+    required_ids,
+)
+from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors, Rule
 from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
 from nmt.generation.shortlist import BatchVocab, batch_vocab
 from nmt.model.cache import CacheMemory
@@ -49,6 +59,7 @@ class Hypothesis:
     score: float  # sum(positional_scores) / T**lenpen
     positional_scores: Tensor  # [T] float: log-probability of each token
     attention: Tensor | None  # [T,S] float: the chosen layer's attention, when requested
+    constraints_met: bool = True  # False: a required phrase is missing (the length limit)
 
 
 def true_positions(mask: Tensor, count: int) -> Tensor:
@@ -125,7 +136,14 @@ class _Finished:
     """Finished hypotheses of a batch: K slots per sentence, filled in the order they end."""
 
     def __init__(
-        self, bsz: int, k: int, longest: int, src_len: int, want_attn: bool, device: torch.device
+        self,
+        bsz: int,
+        k: int,
+        longest: int,
+        src_len: int,
+        want_attn: bool,
+        device: torch.device,
+        constrained: bool = False,
     ):
         self.k = k
         self.tokens = torch.full((bsz, k, longest + 1), PAD, dtype=torch.long, device=device)
@@ -134,6 +152,8 @@ class _Finished:
         self.lengths = torch.zeros(bsz, k, dtype=torch.long, device=device)
         self.count = torch.zeros(bsz, dtype=torch.long, device=device)  # [B] slots used
         self.attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
+        # [B,K] bool: the hypothesis has every required phrase (with constraints only)
+        self.met = torch.zeros(bsz, k, dtype=torch.bool, device=device) if constrained else None
 
     def slots(self, sent: Tensor, finishing: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Where the candidates `finishing` [N,K] (EOS among a sentence's top K) would go,
@@ -154,12 +174,14 @@ class _Finished:
         history: tuple[Tensor, Tensor, Tensor | None],
         step_attn: Tensor | None,
         lenpen: float,
+        complete: Tensor | None = None,
     ) -> None:
         """File the accepted candidates into their slots: accepted = (mask [N,K], slots
         [N,K], how many, known on the host) from `slots`. sent [N]: the batch index of
         each active sentence; cand = (lprobs, scores, origins) [N,C] of the step's
         candidates; history = (tokens [R,1+t], their log-probs [R,t], attention [R,t,S] |
-        None) of the active rows."""
+        None) of the active rows; complete [N,C] bool: the candidate has every required
+        phrase (with constraints)."""
         k, t = self.k, step  # t tokens precede the EOS
         cand_lp, cand_scores, cand_origins = cand
         tokens, pos_scores, attn_hist = history
@@ -175,14 +197,22 @@ class _Finished:
         self.scores[sid, slot] = cand_scores[ni, ci] / length_penalty(t + 1, lenpen)
         self.lengths[sid, slot] = t + 1
         self.count.index_add_(0, sid, torch.ones_like(sid))
+        if self.met is not None and complete is not None:
+            self.met[sid, slot] = complete[ni, ci]
         if self.attn is not None and attn_hist is not None and step_attn is not None:
             self.attn[sid, slot, : t + 1] = torch.cat(
                 [attn_hist[rows], step_attn[rows].unsqueeze(1)], dim=1
             )  # [F,t+1,S]
 
     def collect(self, nbest: int) -> list[list[Hypothesis]]:
-        """Per sentence, its nbest hypotheses, best first (on the CPU)."""
-        order = self.scores.argsort(dim=1, descending=True, stable=True)[:, :nbest]
+        """Per sentence, its nbest hypotheses, best first (on the CPU); with
+        constraints, those that have every required phrase come first."""
+        order = self.scores.argsort(dim=1, descending=True, stable=True)
+        met = None
+        if self.met is not None:  # (an empty slot is unmet, at -inf: still last)
+            order = order.gather(1, (~self.met.gather(1, order)).argsort(dim=1, stable=True))
+            met = self.met.gather(1, order)[:, :nbest].tolist()
+        order = order[:, :nbest]
         scores = self.scores.gather(1, order).tolist()
         lengths = self.lengths.gather(1, order).tolist()
         counts = self.count.tolist()
@@ -209,8 +239,11 @@ class _Finished:
                         score=score,
                         positional_scores=pos[b, j, :length],
                         attention=None if attn is None else attn[b, j, :length],
+                        constraints_met=True if met is None else met[b][i],
                     )
-                    for j, score, length in zip(picks[: counts[b]], scores[b], lengths[b])
+                    for i, (j, score, length) in enumerate(
+                        zip(picks[: counts[b]], scores[b], lengths[b])
+                    )
                 ]
             )
         return out
@@ -225,6 +258,9 @@ class _BatchSearch:
     finished: _Finished  # the hypotheses that ended, K slots per sentence of the batch
     forced: ForcedTokens  # target prefixes, and EOS at the length limits
     vocab: BatchVocab | None  # the batch's shortlist candidates, or None (every token)
+    required: RequiredPhrases | None  # phrases that must appear, and each row's progress
+    banned: BannedPhrases | None  # phrases that must not appear
+    rules: tuple[Rule, ...]  # the batch's own rules on the log-probs (constraints)
     sent: Tensor  # [N] batch index of each active sentence
     max_lens: Tensor  # [N] each active sentence's longest output (tokens before EOS)
     tokens: Tensor  # [R,1+t] decoder input so far: EOS, then the generated tokens
@@ -248,6 +284,8 @@ class _Selection(NamedTuple):
     next_tokens: Tensor  # [N,K]
     next_origins: Tensor  # [N,K]
     next_lprobs: Tensor  # [N,K]
+    complete: Tensor | None = None  # [N,C] bool: has every required phrase (constraints)
+    next_phrases: PhraseState | None = None  # [N,K,P] the continuing rows' phrase states
 
 
 class _Progress(NamedTuple):
@@ -333,6 +371,7 @@ class SequenceGenerator:
         nbest: int | None = None,
         attn_layer: int | None = None,
         stopped: Callable[[], Tensor | None] | None = None,
+        constraints: Sequence[TokenConstraints | None] | None = None,
     ) -> list[list[Hypothesis]]:
         """src_tokens [B,S] (right-padded, each ending in EOS); prefix_tokens [B,P]
         (right-padded with PAD) to force at the start of each output. Returns, per
@@ -344,10 +383,26 @@ class SequenceGenerator:
         no longer wanted (a request given up). Those leave the batch at that step as
         finished sentences do, with the hypotheses they finished so far (possibly none).
         With beam search the other sentences' hypotheses are what they would be without
-        it; a sampling batch's rows share one random stream, so the others' draws change."""
+        it; a sampling batch's rows share one random stream, so the others' draws change.
+
+        `constraints`: one entry per sentence (None or an empty TokenConstraints: none),
+        target-id phrases that must appear in its hypotheses and phrases that must not
+        (beam search only; constraints.py). A hypothesis that could not include a required
+        phrase within the length limit has `constraints_met` False; n-best lists put those
+        that have every one first."""
         nbest = self.search.nbest if nbest is None else nbest
         attn_layer = self.attn_layer if attn_layer is None else attn_layer
-        state = self._prepare(src_tokens, prefix_tokens, want_attn=attn_layer is not None)
+        wanted = active(constraints, src_tokens.size(0))
+        if wanted is not None:
+            if self.search.sampling:
+                raise NmtError(
+                    "constraints need beam search (sampling=false); decode the "
+                    "constrained sentences with sampling=false"
+                )
+            check_constraints(wanted, self.models[0].decoder.embed_tokens.num_embeddings)
+        state = self._prepare(
+            src_tokens, prefix_tokens, want_attn=attn_layer is not None, constraints=wanted
+        )
         for step in range(state.longest + 1):
             gone = None if stopped is None else stopped()
             if gone is not None:
@@ -367,10 +422,14 @@ class SequenceGenerator:
     # -- the phases ---------------------------------------------------------------------
 
     def _prepare(
-        self, src_tokens: Tensor, prefix_tokens: Tensor | None, want_attn: bool
+        self,
+        src_tokens: Tensor,
+        prefix_tokens: Tensor | None,
+        want_attn: bool,
+        constraints: list[TokenConstraints] | None = None,
     ) -> _BatchSearch:
         """Encode the batch once, make each model's cache, and start K rows per sentence
-        from EOS, with its prefix and length limit to force."""
+        from EOS, with its prefix and length limit to force, and its constraints."""
         k, device = self.beam, src_tokens.device
         bsz, src_len = src_tokens.shape
         src_lengths = src_tokens.ne(PAD).sum(1)  # [B]
@@ -384,8 +443,9 @@ class SequenceGenerator:
         # [V'] instead of ids, mapped back to ids as they are chosen. The specials' columns
         # are their ids, so the rules (no PAD/BOS, EOS at the limit, ...) read the same.
         vocab = None
-        if self.shortlist is not None:
-            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens)
+        if self.shortlist is not None:  # (holding each sentence's required phrases)
+            required = None if constraints is None else required_ids(constraints)
+            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens, required)
         padded = min_src < src_len
         members = [
             _Member(m, src_tokens, expand, self._cache_args(i, longest + 1), padded, vocab)
@@ -393,15 +453,32 @@ class SequenceGenerator:
         ]
         if vocab is not None and prefix_tokens is not None:
             prefix_tokens = vocab.to_columns(prefix_tokens)
+        required_phrases, banned = None, None
+        if constraints is not None:
+            required_phrases = RequiredPhrases.of(constraints, k, vocab, device)
+            banned = BannedPhrases.of(constraints, k, vocab, device)
+        rules = tuple(
+            rule
+            for rule in (
+                None if required_phrases is None else required_phrases.block_eos,
+                banned,
+            )
+            if rule is not None
+        )
         scores = torch.zeros(bsz, k, device=device)  # [B,K]
         if not self.search.sampling:
             # All K start states are the same; extending only the first avoids K copies.
             scores[:, 1:] = NEG_INF
         return _BatchSearch(
             members=members,
-            finished=_Finished(bsz, k, longest, src_len, want_attn, device),
+            finished=_Finished(
+                bsz, k, longest, src_len, want_attn, device, required_phrases is not None
+            ),
             forced=ForcedTokens(prefix_tokens, max_lens, k, min_max=shortest),
             vocab=vocab,
+            required=required_phrases,
+            banned=banned,
+            rules=rules,
             sent=torch.arange(bsz, device=device),
             max_lens=max_lens,
             tokens=torch.full((bsz * k, 1), EOS, dtype=torch.long, device=device),
@@ -420,7 +497,7 @@ class SequenceGenerator:
         [R,S] | None."""
         lprobs, attn = self._lprobs(state.members, state.tokens, attn_layer, state.vocab)
         tokens = state.tokens if state.vocab is None else state.vocab.to_columns(state.tokens)
-        self.processors(lprobs, step, tokens, state.forced)
+        self.processors(lprobs, step, tokens, state.forced, state.rules)
         return lprobs, attn
 
     def _lprobs(
@@ -455,6 +532,9 @@ class SequenceGenerator:
             cand = sample_candidates(lp3, state.scores, s.sampling_topk, s.sampling_topp, self.rng)
         else:
             cand = beam_candidates(lp3, state.scores)
+        phrases = None
+        if state.required is not None:  # with the required phrases' beam allocation
+            cand, phrases = state.required.candidates(lp3, state.scores, cand)
         scores, tokens, origins = cand  # [N,C]
         cand_lp = lprobs.view(n, -1).gather(1, origins * lp3.size(2) + tokens)  # [N,C]
         if state.vocab is not None:  # columns -> token ids
@@ -475,6 +555,8 @@ class SequenceGenerator:
             tokens.gather(1, pick),
             origins.gather(1, pick),
             cand_lp.gather(1, pick),
+            None if phrases is None else phrases.complete(),
+            None if phrases is None else phrases.take(pick),
         )
 
     def _finish(
@@ -514,6 +596,7 @@ class SequenceGenerator:
                 (state.tokens, state.pos_scores, state.attn_hist),
                 step_attn,
                 self.search.lenpen,
+                chosen.complete,
             )
         return _Progress(done, n_done, min_left, gone is not None)
 
@@ -546,8 +629,12 @@ class SequenceGenerator:
             state.forced.keep(kept, state.max_lens, progress.min_left)
             if state.vocab is not None:
                 state.vocab.keep(kept)
+            if state.banned is not None:
+                state.banned.keep(kept)
             scores, tokens, origins, lprobs = (t[kept] for t in (scores, tokens, origins, lprobs))
         state.scores = scores  # [N',K]
+        if state.required is not None and chosen.next_phrases is not None:
+            state.required.follow(chosen.next_phrases, None if same_sentences else kept)
         order = (kept.unsqueeze(1) * k + origins).view(-1)  # [R'] rows they extend
         # Greedy and sampling extend every row from itself: nothing moves unless the
         # batch shrank, so the cache copy is skipped.

@@ -5,10 +5,11 @@ t tokens generated so far, C sampling candidates per row.
 
 Three stages, in the order the generator meets them at every step:
 1. `Temperature` divides each model's logits before its log-softmax.
-2. `LogitProcessors(lprobs, step, tokens, forced)` edits the ensemble's log-probs [R,V]
-   in place: the rules (never PAD/BOS, unk penalty, min length, no repeated n-grams) run
-   in order, then `ForcedTokens` (target prefixes, EOS at the length limit) overrides
-   them for the rows it pins, with the model's own log-prob of the pinned token.
+2. `LogitProcessors(lprobs, step, tokens, forced, batch_rules)` edits the ensemble's
+   log-probs [R,V] in place: the rules (never PAD/BOS, unk penalty, min length, no
+   repeated n-grams) run in order, then the batch's own (its constraints: constraints.py),
+   then `ForcedTokens` (target prefixes, EOS at the length limit) overrides them for the
+   rows it pins, with the model's own log-prob of the pinned token.
 3. Sampling draws among `top_k` candidates, cut further by `top_p` (search.py).
 
 A rule is any callable `(lprobs [R,V], step, tokens [R,1+t]) -> None` editing lprobs in
@@ -190,18 +191,25 @@ class LogitProcessors:
         return torch.log_softmax(logits, dim=-1, out=logits)
 
     def __call__(
-        self, lprobs: Tensor, step: int, tokens: Tensor, forced: ForcedTokens | None = None
+        self,
+        lprobs: Tensor,
+        step: int,
+        tokens: Tensor,
+        forced: ForcedTokens | None = None,
+        batch_rules: Sequence[Rule] = (),
     ) -> None:
-        """Apply the rules to lprobs [R,V] in place, then pin the forced rows."""
+        """Apply the rules to lprobs [R,V] in place, then the batch's own `batch_rules`
+        (its constraints), then pin the forced rows."""
+        rules = self.rules if not batch_rules else [*self.rules, *batch_rules]
         pinned = None if forced is None else forced.at(step)
         if pinned is None:
-            for rule in self.rules:
+            for rule in rules:
                 rule(lprobs, step, tokens)
             return
         if pinned.rows is not None:  # the pinned rows listed
             rows, pinned_tokens = pinned.rows, pinned.tokens
             own = lprobs[rows, pinned_tokens]  # the model's own log-prob, before any rule
-            for rule in self.rules:
+            for rule in rules:
                 rule(lprobs, step, tokens)
             lprobs[rows] = NEG_INF  # a pinned row may produce its token only
             lprobs[rows, pinned_tokens] = own
@@ -210,7 +218,7 @@ class LogitProcessors:
         free = pinned.tokens.lt(0).unsqueeze(1)  # [R,1]
         column = pinned.tokens.clamp(min=0).unsqueeze(1)  # [R,1]
         own = lprobs.gather(1, column)  # [R,1] before any rule
-        for rule in self.rules:
+        for rule in rules:
             rule(lprobs, step, tokens)
         after = lprobs.gather(1, column)  # what the rules left (kept for free rows)
         lprobs.masked_fill_(~free, NEG_INF)

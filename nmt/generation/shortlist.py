@@ -14,6 +14,8 @@ Shapes: B sentences, N active sentences, K beam, R = N*K rows, V' the batch's ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -23,18 +25,24 @@ from nmt.vocab import PAD
 
 
 def batch_vocab(
-    shortlist: Shortlist, src_tokens: Tensor, prefix_tokens: Tensor | None = None
+    shortlist: Shortlist,
+    src_tokens: Tensor,
+    prefix_tokens: Tensor | None = None,
+    required: Sequence[np.ndarray] | None = None,
 ) -> BatchVocab:
     """The candidates of a batch: src_tokens [B,S] and prefix_tokens [B,P] | None
-    (both right-padded with PAD), on their device."""
+    (both right-padded with PAD), on their device; `required`: per sentence, target ids
+    it must be able to produce (its constraints' phrases), candidates too."""
     sources = src_tokens.cpu().numpy()
     prefixes = None if prefix_tokens is None else prefix_tokens.cpu().numpy()
-    own = [
-        shortlist.candidates(
-            row[row != PAD], None if prefixes is None else prefixes[b][prefixes[b] != PAD]
+    own = []
+    for b, row in enumerate(sources):
+        forced = [] if prefixes is None else [prefixes[b][prefixes[b] != PAD]]
+        if required is not None:
+            forced.append(required[b])
+        own.append(
+            shortlist.candidates(row[row != PAD], np.concatenate(forced) if forced else None)
         )
-        for b, row in enumerate(sources)
-    ]
     return BatchVocab.of(own, src_tokens.device)
 
 

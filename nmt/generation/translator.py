@@ -46,7 +46,7 @@ from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig, check_batching, check_min_len
-from nmt.generation.constraints import TokenConstraints
+from nmt.generation.constraints import TokenConstraints, active, check_constraints
 from nmt.generation.encoding import (
     PieceNames,
     TextEncoder,
@@ -506,6 +506,7 @@ class Translator:
         prefixes: Sequence[IdsLike | None] | None = None,
         alignment: bool = False,
         cancelled: Callable[[], Collection[int]] | None = None,
+        constraints: Sequence[TokenConstraints | None] | None = None,
         **search_options: Any,
     ) -> list[list[Hypothesis]]:
         """Per source (ids ending in EOS, as a data dir stores them; empty = an empty
@@ -519,7 +520,12 @@ class Translator:
         decoding stops at that step, they get [], and the other sources' hypotheses
         are exactly what they would be without it (with beam search; sampling draws
         of a batch share one stream). A server drops the sentences of clients that
-        left, or whose deadline passed, this way."""
+        left, or whose deadline passed, this way.
+
+        `constraints`: one entry per source (None or an empty TokenConstraints: none),
+        target-id phrases its translations must include and phrases they must not (beam
+        search only); a hypothesis that could not include one has `constraints_met`
+        False. Every entry is checked before any decoding."""
         generator, nbest = self._call_generator(search_options)
         rows = [self._fit_source(_as_ids(s), i) for i, s in enumerate(sources)]
         forced = None
@@ -530,6 +536,7 @@ class Translator:
                 f"prefixes: {len(forced)} of them for {len(rows)} sources; "
                 "give one prefix (or None) per source"
             )
+        wanted = self._check_constraints(constraints, len(rows), generator)
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         out: list[list[Hypothesis]] = [[] for _ in rows]
         attn_layer = self.alignment_layer if alignment else None
@@ -541,7 +548,12 @@ class Translator:
                 src = pad_batch([rows[i] for i in batch], self.device)  # [B,S]
                 prefix = None if forced is None else self._prefix_tensor(forced, batch)
                 hyps = generator.generate(
-                    src, prefix, nbest=nbest, attn_layer=attn_layer, stopped=stopped
+                    src,
+                    prefix,
+                    nbest=nbest,
+                    attn_layer=attn_layer,
+                    stopped=stopped,
+                    constraints=None if wanted is None else [wanted[i] for i in batch.tolist()],
                 )
                 for i, h in zip(batch.tolist(), hyps):
                     out[i] = h
@@ -552,6 +564,30 @@ class Translator:
 
     def _stopped(self, cancelled: Callable[[], Collection[int]], batch: np.ndarray) -> _Stopped:
         return _Stopped(cancelled, batch.tolist(), self.device)
+
+    def _check_constraints(
+        self,
+        constraints: Sequence[TokenConstraints | None] | None,
+        sources: int,
+        generator: SequenceGenerator,
+    ) -> list[TokenConstraints] | None:
+        """A call's constraints, one per source, checked (NmtError naming the entry);
+        None when no source has any."""
+        if constraints is not None and len(constraints) != sources:
+            raise NmtError(
+                f"constraints: {len(constraints)} of them for {sources} sources; "
+                "give one entry (or None) per source"
+            )
+        wanted = active(constraints, sources)
+        if wanted is None:
+            return None
+        if generator.search.sampling:
+            raise NmtError(
+                "sampling=true: constraints need beam search (sampling=false); "
+                "drop sampling for constrained sentences"
+            )
+        check_constraints(wanted, self.models[0].decoder.embed_tokens.num_embeddings)
+        return wanted
 
     def score_ids(
         self,
