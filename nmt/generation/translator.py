@@ -315,24 +315,24 @@ class Translator:
         write (it encodes to nothing or holds <unk>) is an NmtError naming it, as is one
         that contains an exclude phrase; an exclude phrase holding <unk> is left out (no
         translation can contain it: <unk> decodes to nothing)."""
-        include: dict[tuple[int, ...], None] = {}  # ids, in order, each once
-        exclude: dict[tuple[int, ...], None] = {}
+        include: dict[tuple[int, ...], str] = {}  # ids -> the phrase, in order, each once
+        exclude: dict[tuple[int, ...], str] = {}
         for phrase in constraints.include if constraints else ():
-            include[self._phrase_ids(phrase, f"include phrase {_quoted(phrase)}")] = None
+            ids = self._phrase_ids(phrase, f"include phrase {_quoted(phrase)}")
+            include.setdefault(ids, phrase)
         for term in glossary.terms_in(source) if glossary else ():
             what = f"{term.where}: target term {_quoted(term.target)}"
-            include[self._phrase_ids(term.target, what)] = None
+            include.setdefault(self._phrase_ids(term.target, what), term.target)
         for phrase in constraints.exclude if constraints else ():
             ids = self._encode_target(phrase)
             if ids and UNK not in ids:
-                exclude[ids] = None
-        for inc in include:
-            for exc in exclude:
+                exclude.setdefault(ids, phrase)
+        for inc, phrase in include.items():
+            for exc, banned in exclude.items():
                 if _contains(inc, exc):
                     raise NmtError(
-                        f"include phrase {_quoted(self.tgt_tokenizer.decode(inc))} contains "
-                        f"exclude phrase {_quoted(self.tgt_tokenizer.decode(exc))}: no "
-                        "translation can meet both; drop one of them"
+                        f"include phrase {_quoted(phrase)} contains exclude phrase "
+                        f"{_quoted(banned)}: no translation can meet both; drop one of them"
                     )
         if not include and not exclude:
             return None
@@ -375,9 +375,9 @@ class Translator:
         for i, best in enumerate(results):
             if not best[0].constraints_met:
                 log.warning(
-                    "texts[%d]: an include phrase could not be met within the length limit; "
-                    "its translation is the best one that ended without it "
-                    "(translate_batch's Translation.constraints_met says so too)",
+                    "texts[%d]: an include phrase could not be met within the length limit "
+                    "(or the text is empty); its translation is the best one without it "
+                    "(translate_batch's Translation.constraints_met is False)",
                     i,
                 )
         return [best[0].text for best in results]
