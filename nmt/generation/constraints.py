@@ -28,6 +28,7 @@ with all of a phrase but its last token may not produce that token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -38,6 +39,7 @@ from torch import Tensor
 
 from nmt.errors import NmtError
 from nmt.generation.processors import NEG_INF
+from nmt.generation.search import row_best
 from nmt.generation.shortlist import BatchVocab
 from nmt.vocab import BOS, EOS, PAD
 
@@ -165,7 +167,16 @@ class PhraseState(NamedTuple):
 class RequiredPhrases:
     """The required phrases of one batch and their state in each row (module docstring)."""
 
-    def __init__(self, phrases: Tensor, lengths: Tensor, extends: Tensor, beam: int, most: int):
+    def __init__(
+        self,
+        phrases: Tensor,
+        lengths: Tensor,
+        extends: Tensor,
+        beam: int,
+        most: int,
+        sentences: list[bool],
+    ):
+        self.sentences = sentences  # which of the batch's sentences have phrases (host)
         self.phrases = phrases  # [N,P,L] long columns, NONE-padded (a row of NONE: none)
         self.lengths = lengths  # [N,P] long, 0 for padding
         self.extends = extends  # [N,P,L,L] bool: see _fallbacks
@@ -195,7 +206,7 @@ class RequiredPhrases:
         extends = torch.from_numpy(_fallbacks(ids)).to(device)
         phrases = _to_columns(torch.from_numpy(ids).to(device), vocab)
         most = max(sum(len(ph) for ph in ps) for ps in include)
-        return cls(phrases, lengths, extends, beam, most)
+        return cls(phrases, lengths, extends, beam, most, [bool(ps) for ps in include])
 
     def block_eos(self, lprobs: Tensor, step: int, tokens: Tensor) -> None:
         """A rule (processors.py): no EOS for rows lprobs [R,V] with an unmet phrase."""
@@ -243,7 +254,7 @@ class RequiredPhrases:
         wanted_scores = (scores.unsqueeze(2) + lprobs.gather(2, wanted)).masked_fill(
             self.rows.met, NEG_INF
         )  # [N,K,P]
-        best_lprobs, best_tokens = lprobs.max(dim=2)  # [N,K] each row's best token
+        best_lprobs, best_tokens = row_best(lprobs)  # [N,K] each row's best token
         all_scores = torch.cat(
             [plain_scores, wanted_scores.view(n, k * p), scores + best_lprobs], dim=1
         )  # [N,M]
@@ -330,7 +341,7 @@ class BannedPhrases:
         """-inf, in place, on lprobs [R,V] for each row's token that would complete a
         banned phrase; tokens [R,1+t] the decoder input (EOS, then the history)."""
         n, e, length = self.phrases.shape
-        rows, vocab = lprobs.shape
+        rows = lprobs.size(0)
         last = self.phrases[:, :, -1].unsqueeze(1)  # [N,1,E]
         head = self.phrases[:, :, :-1].unsqueeze(1)  # [N,1,E,L-1]
         history = tokens[:, 1:]  # [R,t]
@@ -339,7 +350,9 @@ class BannedPhrases:
             history = torch.cat([history.new_full((rows, gap), NONE - 1), history], dim=1)
         recent = history[:, history.size(1) - (length - 1) :].view(n, self.beam, 1, length - 1)
         ends = (head.eq(recent) | head.eq(NONE)).all(dim=3)  # [N,K,E]: the head ends the row
-        banned = torch.where(ends & last.ge(0), last, vocab).view(rows, e)  # [R,E], V: none
-        mask = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=lprobs.device)
-        mask.scatter_(1, banned, True)
-        lprobs.masked_fill_(mask[:, :vocab], NEG_INF)
+        hit = (ends & last.ge(0)).view(rows, e)  # [R,E]
+        columns = last.expand(n, self.beam, e).reshape(rows, e).clamp(min=0)  # [R,E]
+        # -inf where a phrase ends, +inf (no change) elsewhere; a column written twice
+        # gets the smallest value, so the order of the writes does not matter
+        values = torch.full((rows, e), math.inf, device=lprobs.device).masked_fill_(hit, NEG_INF)
+        lprobs.scatter_reduce_(1, columns, values, reduce="amin")

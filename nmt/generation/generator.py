@@ -145,8 +145,10 @@ class _Finished:
         src_len: int,
         want_attn: bool,
         device: torch.device,
-        constrained: bool = False,
+        required: list[bool] | None = None,
     ):
+        """`required`: per sentence, whether it has a phrase that must appear (None: no
+        sentence has one)."""
         self.k = k
         self.tokens = torch.full((bsz, k, longest + 1), PAD, dtype=torch.long, device=device)
         self.pos = torch.zeros(bsz, k, longest + 1, device=device)
@@ -154,8 +156,11 @@ class _Finished:
         self.lengths = torch.zeros(bsz, k, dtype=torch.long, device=device)
         self.count = torch.zeros(bsz, dtype=torch.long, device=device)  # [B] slots used
         self.attn = torch.zeros(bsz, k, longest + 1, src_len, device=device) if want_attn else None
+        self.required = required
         # [B,K] bool: the hypothesis has every required phrase (with constraints only)
-        self.met = torch.zeros(bsz, k, dtype=torch.bool, device=device) if constrained else None
+        self.met = (
+            None if required is None else torch.zeros(bsz, k, dtype=torch.bool, device=device)
+        )
 
     def slots(self, sent: Tensor, finishing: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Where the candidates `finishing` [N,K] (EOS among a sentence's top K) would go,
@@ -230,6 +235,7 @@ class _Finished:
                             NEG_INF,
                             torch.full((1,), NEG_INF),
                             None if attn is None else attn[b, 0, :1],
+                            constraints_met=self.required is None or not self.required[b],
                         )
                     ]
                 )
@@ -449,8 +455,8 @@ class SequenceGenerator:
         # are their ids, so the rules (no PAD/BOS, EOS at the limit, ...) read the same.
         vocab = None
         if self.shortlist is not None:  # (holding each sentence's required phrases)
-            required = None if constraints is None else required_ids(constraints)
-            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens, required)
+            must = None if constraints is None else required_ids(constraints)
+            vocab = batch_vocab(self.shortlist, src_tokens, prefix_tokens, must)
         padded = min_src < src_len
         members = [
             _Member(m, src_tokens, expand, self._cache_args(i, longest + 1), padded, vocab)
@@ -458,18 +464,15 @@ class SequenceGenerator:
         ]
         if vocab is not None and prefix_tokens is not None:
             prefix_tokens = vocab.to_columns(prefix_tokens)
-        required_phrases, banned = None, None
+        required, banned = None, None
+        rules: list[Rule] = []  # the batch's own rules on the log-probs (its constraints)
         if constraints is not None:
-            required_phrases = RequiredPhrases.of(constraints, k, vocab, device)
+            required = RequiredPhrases.of(constraints, k, vocab, device)
             banned = BannedPhrases.of(constraints, k, vocab, device)
-        rules = tuple(
-            rule
-            for rule in (
-                None if required_phrases is None else required_phrases.block_eos,
-                banned,
-            )
-            if rule is not None
-        )
+            if required is not None:
+                rules.append(required.block_eos)
+            if banned is not None:
+                rules.append(banned)
         scores = torch.zeros(bsz, k, device=device)  # [B,K]
         if not self.search.sampling:
             # All K start states are the same; extending only the first avoids K copies.
@@ -477,13 +480,19 @@ class SequenceGenerator:
         return _BatchSearch(
             members=members,
             finished=_Finished(
-                bsz, k, longest, src_len, want_attn, device, required_phrases is not None
+                bsz,
+                k,
+                longest,
+                src_len,
+                want_attn,
+                device,
+                None if required is None else required.sentences,
             ),
             forced=ForcedTokens(prefix_tokens, max_lens, k, min_max=shortest),
             vocab=vocab,
-            required=required_phrases,
+            required=required,
             banned=banned,
-            rules=rules,
+            rules=tuple(rules),
             sent=torch.arange(bsz, device=device),
             max_lens=max_lens,
             tokens=torch.full((bsz * k, 1), EOS, dtype=torch.long, device=device),

@@ -24,6 +24,7 @@ from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.constraints import TokenConstraints
 from nmt.generation.generator import Hypothesis, SequenceGenerator
+from nmt.generation.search import row_best
 from nmt.model.quantize import quantize_int8
 from nmt.model.transformer import Transformer
 from nmt.vocab import EOS, PAD
@@ -83,6 +84,18 @@ def other_model(model) -> Transformer:
     return random_transformer(seed=1)
 
 
+@pytest.mark.parametrize("vocab", [7, 250, 8000, 8037])
+def test_row_best_is_max_and_the_first_argmax(vocab):
+    """search.row_best (each row's best token, a candidate of constrained steps): the
+    values of max and the ids of argmax, ties (the first maximum) and -inf rows included."""
+    g = torch.Generator().manual_seed(vocab)
+    lprobs = torch.randint(-5, 3, (6, 3, vocab), generator=g).float()  # many ties
+    lprobs[0, 0] = -math.inf
+    lprobs[1, 2, -1] = 9.0  # in the tail past the last full block
+    values, ids = row_best(lprobs)
+    assert torch.equal(values, lprobs.amax(dim=2)) and torch.equal(ids, lprobs.argmax(dim=2))
+
+
 # -- a Markov model, by hand ------------------------------------------------------------
 
 
@@ -111,6 +124,11 @@ def test_markov_required_and_banned_phrases():
     assert best(exclude=((B,),)).tokens.tolist() == [A, C, EOS]
     assert best(exclude=((A, C), (B,))).tokens.tolist() == [A, EOS]
     assert best(include=((C,),), exclude=((A,),)).tokens.tolist() == [C, EOS]
+    # every path banned: the empty hypothesis at -inf, which lacks the required phrase
+    nothing = best(include=((A,),), exclude=((A,), (B,), (C,)))
+    assert nothing.tokens.tolist() == [EOS] and nothing.score == -math.inf
+    assert not nothing.constraints_met
+    assert best(exclude=((A,), (B,), (C,))).constraints_met  # nothing was required
 
 
 # -- invariants on a random Transformer -------------------------------------------------
@@ -335,6 +353,26 @@ def test_int8_meets_constraints(model):
         assert hyps[0].constraints_met
         for h in hyps:
             assert h.constraints_met == all(contains(words(h), p) for p in (c.include if c else ()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu(model):
+    sources = random_sources([6, 12, 9, 4, 7], seed=13)
+    rng = random.Random(7)
+    constraints = [
+        TokenConstraints(include=c.include, exclude=((rng.randint(4, 39),),)) if c else None
+        for c in random_required(rng, len(sources))
+    ]
+    search = SearchConfig(**SEARCH)
+    on_cpu = SequenceGenerator([model], search).generate(padded(sources), constraints=constraints)
+    on_gpu = SequenceGenerator([copy.deepcopy(model).cuda()], search).generate(
+        padded(sources).cuda(), constraints=constraints
+    )
+    for a, b in zip(on_cpu, on_gpu):
+        assert [h.tokens.tolist() for h in a] == [h.tokens.tolist() for h in b]
+        assert [h.constraints_met for h in a] == [h.constraints_met for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)
 
 
 def test_bad_constraints_are_refused(model):
