@@ -123,6 +123,29 @@ def padded(sources: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
+def words_tokenizer(words: list[str], vocab_size: int, seed: int = 0):
+    """A unigram SentencePiece model of 300 random sentences of `words`, without byte
+    pieces: characters outside the words are <unk>."""
+    import random
+
+    from nmt.data.tokenizer import train_tokenizer
+
+    rng = random.Random(seed)
+    text = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(300)]
+    return train_tokenizer(
+        text,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        byte_fallback=False,
+        input_sentence_size=0,
+        user_defined_symbols=[],
+        num_threads=1,
+        seed=1,
+        what="test words",
+    )
+
+
 def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:
     """nmt-preprocess overrides that build `small_corpus` (tests/conftest.py) quickly into
     `dest`: train, valid and test, a 200-piece model without byte pieces, one worker."""

@@ -12,4 +12,5 @@ shortlist.py   decoding over a batch's shortlist candidates (BatchVocab)
 config.py      SearchConfig, GenerateConfig
 job.py         nmt-generate's streaming job: sources, batches, throughput, BLEU
 io.py          nmt-generate's inputs, output formats and output file
+terminology.py  constraints and glossaries as text: parsing, files, glossary matching
 """

@@ -259,6 +259,8 @@ class GenerateConfig(SearchConfig):
     alignment_layer: int = -1  # decoder layer whose attention gives alignments; -1 = last
     prefix: Optional[str] = None  # target text every translation must start with
     prefix_file: Optional[str] = None  # one target prefix per input line ("" = none)
+    constraints: Optional[str] = None  # JSON Lines: per input line, phrases that must (not) appear
+    glossary: Optional[str] = None  # TSV source term<TAB>target term: found terms must appear
     score_reference: bool = False  # score the references (ref= or the split's target side)
     max_tokens: int = 0  # source tokens per batch (padding included); 0 = no limit
     max_sentences: int = 64  # sentences per batch
@@ -304,6 +306,14 @@ class GenerateConfig(SearchConfig):
                 "given together with prefix=",
                 "use prefix= (one for all lines) or prefix_file= (one per line)",
             )
+        for key in ("constraints", "glossary"):
+            if getattr(self, key) is not None and self.sampling:
+                raise option_error(
+                    key,
+                    getattr(self, key),
+                    "constraints need beam search",
+                    "drop sampling=true (beam=1 for greedy search)",
+                )
         if self.score_reference:
             self._validate_score_reference()
 
@@ -318,6 +328,8 @@ class GenerateConfig(SearchConfig):
         for key, problem in (
             ("prefix", "a reference is scored as it is"),
             ("prefix_file", "a reference is scored as it is"),
+            ("constraints", "a reference is scored as it is"),
+            ("glossary", "a reference is scored as it is"),
             ("print_alignment", "scoring prints no alignments"),
             ("shortlist", "scoring uses the whole target vocabulary"),
         ):

@@ -34,6 +34,7 @@ from nmt.generation.encoding import (
     target_ids,
 )
 from nmt.generation.generator import Hypothesis
+from nmt.generation.terminology import TextConstraints
 from nmt.textlines import REMEDY, STDIN, TextLines
 
 
@@ -47,11 +48,18 @@ class Source:
     ref: str | None = None  # reference translation, when known
     ref_ids: np.ndarray | None = None  # the reference's ids as stored (data dir splits)
     prefix: str | None = None  # target prefix for this sentence (prefix_file); "" = none
+    constraints: TextConstraints | None = None  # its line of constraints= (None: none given)
 
 
 def print_warning(message: str) -> None:
     """A warning on stderr that does not break a running progress bar."""
     tqdm.write(f"nmt-generate: warning: {message}", file=sys.stderr)
+
+
+def print_note(message: str) -> None:
+    """A note on stderr (something the user may want to know, not a problem of the
+    input) that does not break a running progress bar."""
+    tqdm.write(f"nmt-generate: note: {message}", file=sys.stderr)
 
 
 def text_lines(path: str, key: str, errors: str) -> TextLines:
@@ -165,18 +173,21 @@ class AlignedLines:
             )
 
 
-def with_prefixes(
-    chunks: Iterator[list[Source]], prefixes: AlignedLines, complete: Callable[[], bool]
+def with_side_lines(
+    chunks: Iterator[list[Source]],
+    side: AlignedLines,
+    complete: Callable[[], bool],
+    attach: Callable[[Source, str], None],
 ) -> Iterator[list[Source]]:
-    """The chunks with each Source's target prefix taken from `prefixes` (prefix_file);
-    once they end, the prefixes must be used up too if `complete()` says the input was
-    read to its end."""
+    """The chunks with each Source given its line of `side` (prefix_file=, constraints=)
+    by `attach`; once they end, the side lines must be used up too if `complete()` says
+    the input was read to its end."""
     for chunk in chunks:
-        for source, prefix in zip(chunk, prefixes.take(len(chunk))):
-            source.prefix = prefix
+        for source, line in zip(chunk, side.take(len(chunk))):
+            attach(source, line)
         yield chunk
     if complete():
-        prefixes.check_exhausted()
+        side.check_exhausted()
 
 
 def split_sources(

@@ -3,6 +3,12 @@ split through a Translator in chunks, write every input line's output in input o
 (atomically to a file, or to stdout), then print throughput (and BLEU when references
 are known) on stderr. With score_reference, the references are scored instead of
 translated (forced decoding).
+
+Constraints (constraints=, a JSON Lines file, streamed in step with the input as
+prefix_file= is) and a glossary (glossary=, read whole) are checked before the model is
+loaded (every line parsed, line counts), and their phrases against the target
+vocabulary before the first line is translated. A data dir split has no text of its
+own: a glossary matches the source text its ids decode to.
 """
 
 from __future__ import annotations
@@ -26,14 +32,17 @@ from nmt.generation.io import (
     OutputWriter,
     Source,
     SourceEncoder,
+    check_text_file,
     open_output,
+    print_note,
     print_warning,
     scan_text_file,
     split_sources,
     text_lines,
     text_sources,
-    with_prefixes,
+    with_side_lines,
 )
+from nmt.generation.terminology import Glossary, iter_constraints, parse_constraints_line
 from nmt.generation.translator import Translator, checkpoint_paths
 from nmt.scoring import corpus_bleu
 from nmt.textlines import STDIN, TextLines, display_name
@@ -48,6 +57,7 @@ def generate(cfg: GenerateConfig) -> int:
     # a mistake costs no model loading, and nothing is written before it is found.
     check_output(cfg)
     lines = check_text_inputs(cfg)
+    glossary = Glossary.read(cfg.glossary) if cfg.glossary is not None else None
     translator = Translator.from_checkpoint(
         cfg.checkpoint,
         device=cfg.device,
@@ -62,9 +72,14 @@ def generate(cfg: GenerateConfig) -> int:
     )
     if translator.runtime.note:
         print(f"nmt-generate: note: {translator.runtime.note}", file=sys.stderr)
+    check_phrases(cfg, translator, glossary)
     interactive = cfg.interactive if cfg.interactive is not None else cfg.input == STDIN
     inputs = open_sources(cfg, translator, 1 if interactive else cfg.buffer_size, lines)
-    step = scorer(cfg, translator) if cfg.score_reference else translator_step(cfg, translator)
+    step = (
+        scorer(cfg, translator)
+        if cfg.score_reference
+        else translator_step(cfg, translator, glossary)
+    )
     short = ShortLimits(translator, cfg.min_len)
     if cfg.input == STDIN and sys.stdin.isatty():
         # as fairseq-interactive and cat-like tools: say what is awaited, or the user
@@ -107,6 +122,8 @@ def generate(cfg: GenerateConfig) -> int:
             results = step(chunk)
             for src, hyps in zip(chunk, results):
                 best = writer.write(src, hyps)
+                if (note := unmet_note(src, hyps)) is not None:
+                    print_note(note)
                 n_tokens += len(hyps[0].tokens) if hyps else 0
                 if src.ref is not None:
                     hyps_text.append(best)
@@ -174,9 +191,26 @@ class ShortLimits:
         ]
 
 
-def translator_step(cfg: GenerateConfig, translator: Translator) -> Step:
+def unmet_note(source: Source, hyps: list[Hypothesis]) -> str | None:
+    """The note of a line whose include constraints its translation lacks, or None."""
+    line = source.index + 1
+    if hyps and not hyps[0].constraints_met:
+        return (
+            f"line {line}: an include phrase could not be met within the length limit; "
+            "its translation is the best one that ended without it (raise max_len_b or "
+            "max_len_a for longer translations)"
+        )
+    if not hyps and source.constraints is not None and source.constraints.include:
+        return f"line {line}: an empty line, so its include phrases could not be met"
+    return None
+
+
+def translator_step(
+    cfg: GenerateConfig, translator: Translator, glossary: Glossary | None = None
+) -> Step:
     """Chunk of sources -> their hypotheses (beam search or sampling)."""
     prefix = translator.encode_prefix(cfg.prefix)
+    constrained = cfg.constraints is not None or glossary is not None
 
     def step(chunk: list[Source]) -> list[list[Hypothesis]]:
         prefixes: list[list[int] | None] | None = None
@@ -184,11 +218,35 @@ def translator_step(cfg: GenerateConfig, translator: Translator) -> Step:
             prefixes = [prefix] * len(chunk)
         elif cfg.prefix_file is not None:
             prefixes = [translator.encode_prefix(s.prefix) for s in chunk]
+        constraints = None
+        if constrained:
+            constraints = [
+                translator.constraint_ids(s.constraints, s.text, glossary) for s in chunk
+            ]
         return translator.translate_ids(
-            [s.ids for s in chunk], prefixes=prefixes, alignment=cfg.print_alignment
+            [s.ids for s in chunk],
+            prefixes=prefixes,
+            alignment=cfg.print_alignment,
+            constraints=constraints,
         )
 
     return step
+
+
+def check_phrases(cfg: GenerateConfig, translator: Translator, glossary: Glossary | None) -> None:
+    """Every phrase of constraints= and every target term of glossary= can be written by
+    the target vocabulary, and no include phrase contains an exclude phrase of its line
+    (NmtError naming the file and line), before anything is translated."""
+    if glossary is not None:
+        for term in glossary.terms:  # its own source contains it: checked as it is used
+            translator.constraint_ids(None, term.source, Glossary([term]))
+    if cfg.constraints is None:
+        return
+    for number, constraints in enumerate(iter_constraints(cfg.constraints), start=1):
+        try:
+            translator.constraint_ids(constraints, "", None)
+        except NmtError as exc:
+            raise NmtError(f"{cfg.constraints}:{number}: {exc}") from None
 
 
 def scorer(cfg: GenerateConfig, translator: Translator) -> Step:
@@ -232,7 +290,7 @@ def check_output(cfg: GenerateConfig) -> None:
         inputs += [("input", str(p)) for p in Path(cfg.input).iterdir() if is_data_file(p)]
     else:
         inputs.append(("input", cfg.input))
-    inputs += [(key, getattr(cfg, key)) for key in ("ref", "prefix_file") if getattr(cfg, key)]
+    inputs += [(key, getattr(cfg, key)) for key in SIDE_FILES if getattr(cfg, key)]
     check_not_an_input("output", cfg.output, inputs)
 
 
@@ -242,12 +300,14 @@ def is_data_file(path: Path) -> bool:
 
 
 DATA_SUFFIXES = (".bin", ".idx", ".model", ".vocab")
+SIDE_FILES = ("ref", "prefix_file", "constraints", "glossary")  # text files beside input=
 
 
 def check_text_inputs(cfg: GenerateConfig) -> dict[str, int]:
-    """The text files of the run (input=, ref=, prefix_file=) exist, are UTF-8 throughout
-    (input_errors=strict: the error names the file and line) and have one line per input
-    line; returns their line counts by key (no "input" for stdin or a data dir)."""
+    """The text files of the run (input=, ref=, prefix_file=, constraints=) exist, are
+    UTF-8 throughout (input_errors=strict: the error names the file and line; always for
+    constraints=, whose every line is parsed too) and have one line per input line;
+    returns their line counts by key (no "input" for stdin or a data dir)."""
     lines: dict[str, int] = {}
     if cfg.split is None and cfg.input != STDIN:
         if Path(cfg.input).is_dir():
@@ -263,6 +323,15 @@ def check_text_inputs(cfg: GenerateConfig) -> dict[str, int]:
         lines[key] = scan_text_file(path, key, cfg.input_errors)
         if "input" in lines and lines[key] != lines["input"]:
             raise line_count_error(path, key, lines[key], lines["input"], cfg.input)
+    if cfg.constraints is not None:
+        check_text_file(cfg.constraints, "constraints")
+        lines["constraints"] = sum(1 for _ in iter_constraints(cfg.constraints))
+        if "input" in lines and lines["constraints"] != lines["input"]:
+            raise line_count_error(
+                cfg.constraints, "constraints", lines["constraints"], lines["input"], cfg.input
+            )
+    if cfg.glossary is not None:
+        check_text_file(cfg.glossary, "glossary")
     return lines
 
 
@@ -295,10 +364,9 @@ def open_sources(
     if cfg.split is not None:
         chunks, total = _split_sources(cfg, translator, encoder, chunk)
         inputs = Inputs(chunks, total, None)
-        if cfg.prefix_file is not None and lines["prefix_file"] != total:
-            raise line_count_error(
-                cfg.prefix_file, "prefix_file", lines["prefix_file"], total, where
-            )
+        for key in ("prefix_file", "constraints"):
+            if getattr(cfg, key) is not None and lines[key] != total:
+                raise line_count_error(getattr(cfg, key), key, lines[key], total, where)
     else:
         text = text_lines(cfg.input, "input", cfg.input_errors)
         refs = None
@@ -306,14 +374,28 @@ def open_sources(
             refs = AlignedLines(cfg.ref, "ref", cfg.input, cfg.input_errors)
         inputs = Inputs(text_sources(text, encoder, chunk, refs), lines.get("input"), text)
         inputs.side += [refs] if refs else []
+    main = inputs.text
+
+    def complete() -> bool:  # a stream that stopped at invalid UTF-8 leaves side lines unused
+        return main is None or main.problem is None
+
     if cfg.prefix_file is not None:
         prefixes = AlignedLines(cfg.prefix_file, "prefix_file", where, cfg.input_errors)
-        main = inputs.text  # a stream that stopped at invalid UTF-8 leaves prefixes unused
-        inputs.chunks = with_prefixes(
-            inputs.chunks, prefixes, lambda: main is None or main.problem is None
-        )
+        inputs.chunks = with_side_lines(inputs.chunks, prefixes, complete, set_prefix)
         inputs.side.append(prefixes)
+    if cfg.constraints is not None:
+        path = cfg.constraints  # parsed before: only a file changed since fails here
+        constraints = AlignedLines(path, "constraints", where)
+
+        def set_constraints(source: Source, line: str) -> None:
+            source.constraints = parse_constraints_line(line, f"{path}:{source.index + 1}")
+
+        inputs.chunks = with_side_lines(inputs.chunks, constraints, complete, set_constraints)
     return inputs
+
+
+def set_prefix(source: Source, line: str) -> None:
+    source.prefix = line
 
 
 def _split_sources(

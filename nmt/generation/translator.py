@@ -5,6 +5,8 @@
     translator.translate(["I bought twenty-one books."])        # ["Ich kaufte ..."]
     translator.translate(texts, beam=1, max_len_b=50)           # options for this call only
     translator.translate_batch(texts, nbest=3, return_scores=True)
+    translator.translate(["The dog sleeps."], constraints=[["Hund"]])  # must contain "Hund"
+    translator.translate(texts, glossary={"dog": "Hund"})      # a found term: its target
     translator.score(sources, references)                       # forced decoding
 
 A Translator loads its checkpoint(s) once and holds the models, the tokenizers, the
@@ -29,9 +31,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
+import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,15 +58,27 @@ from nmt.generation.encoding import (
 from nmt.generation.forced import forced_batch, forced_log_probs
 from nmt.generation.generator import Hypothesis, SequenceGenerator
 from nmt.generation.loading import load_ensemble
+from nmt.generation.terminology import (
+    Glossary,
+    TextConstraints,
+    as_constraints,
+    as_glossary,
+)
 from nmt.model.cache import CacheMemory
 from nmt.model.packed import pack_fp32
 from nmt.model.quantize import quantize_int8
 from nmt.model.transformer import Transformer
 from nmt.runtime import Runtime, setup
-from nmt.vocab import EOS
+from nmt.vocab import EOS, UNK
 
 PathLike = str | os.PathLike
 IdsLike = Sequence[int] | np.ndarray | torch.Tensor
+# One text's constraints in the Python API: phrases (all include), a dict with "include"
+# and "exclude", a TextConstraints, or None. A glossary: a Glossary, a TSV file, a mapping.
+ConstraintsLike = Sequence[str] | Mapping[str, Sequence[str]] | TextConstraints | None
+GlossaryLike = Glossary | PathLike | Mapping[str, str] | None
+
+log = logging.getLogger("nmt.generation")
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,7 @@ class Translation:
     score: float | None = None  # sum(token_scores) / len(token_scores)**lenpen (return_scores)
     token_scores: list[float] | None = None  # log-prob of each piece, then of EOS
     alignment: list[tuple[int, int]] | None = None  # (source, target) positions (return_alignment)
+    constraints_met: bool = True  # False: an include phrase is missing (the length limit)
 
 
 @dataclass(frozen=True)
@@ -285,10 +302,85 @@ class Translator:
             return None
         return self.tgt_tokenizer.encode(normalize_text(text, self.nfkc)) or None
 
-    def translate(self, texts: Sequence[str], **search_options: Any) -> list[str]:
+    def constraint_ids(
+        self,
+        constraints: TextConstraints | None,
+        source: str,
+        glossary: Glossary | None,
+    ) -> TokenConstraints | None:
+        """One sentence's constraints as target ids, for translate_ids: the include
+        phrases with the target terms of the glossary terms `source` contains, and the
+        exclude phrases, each as the target tokenizer segments it (normalized as targets
+        are); None when there are none. An include phrase the target vocabulary cannot
+        write (it encodes to nothing or holds <unk>) is an NmtError naming it, as is one
+        that contains an exclude phrase; an exclude phrase holding <unk> is left out (no
+        translation can contain it: <unk> decodes to nothing)."""
+        include: dict[tuple[int, ...], str] = {}  # ids -> the phrase, in order, each once
+        exclude: dict[tuple[int, ...], str] = {}
+        for phrase in constraints.include if constraints else ():
+            ids = self._phrase_ids(phrase, f"include phrase {_quoted(phrase)}")
+            include.setdefault(ids, phrase)
+        for term in glossary.terms_in(source) if glossary else ():
+            what = f"{term.where}: target term {_quoted(term.target)}"
+            include.setdefault(self._phrase_ids(term.target, what), term.target)
+        for phrase in constraints.exclude if constraints else ():
+            ids = self._encode_target(phrase)
+            if ids and UNK not in ids:
+                exclude.setdefault(ids, phrase)
+        for inc, phrase in include.items():
+            for exc, banned in exclude.items():
+                if _contains(inc, exc):
+                    raise NmtError(
+                        f"include phrase {_quoted(phrase)} contains exclude phrase "
+                        f"{_quoted(banned)}: no translation can meet both; drop one of them"
+                    )
+        if not include and not exclude:
+            return None
+        return TokenConstraints(include=tuple(include), exclude=tuple(exclude))
+
+    def _encode_target(self, phrase: str) -> tuple[int, ...]:
+        """A target phrase's ids, as a translation's pieces would hold it."""
+        return tuple(self.tgt_tokenizer.encode(normalize_text(phrase, self.nfkc)))
+
+    def _phrase_ids(self, phrase: str, what: str) -> tuple[int, ...]:
+        """An include phrase's ids; NmtError naming it (`what`) if the target vocabulary
+        cannot write it."""
+        ids = self._encode_target(phrase)
+        if not ids:
+            raise NmtError(f"{what}: no target pieces; give a phrase with words")
+        if UNK in ids:
+            pieces = " ".join(self.pieces(list(ids)))
+            raise NmtError(
+                f"{what}: the target vocabulary cannot write it (pieces: {pieces}), so no "
+                "translation can contain it; drop it or spell it with the target's characters"
+            )
+        return ids
+
+    def translate(
+        self,
+        texts: Sequence[str],
+        *,
+        constraints: Sequence[ConstraintsLike] | None = None,
+        glossary: GlossaryLike = None,
+        **search_options: Any,
+    ) -> list[str]:
         """The best translation of each text (an empty text gives ""); `search_options`
-        (beam=1, lenpen=0.6, ...) override the translator's search for this call."""
-        return [best[0].text for best in self.translate_batch(texts, **search_options)]
+        (beam=1, lenpen=0.6, ...) override the translator's search for this call.
+        `constraints` and `glossary` as translate_batch takes them; a text whose include
+        phrases could not all be met within its length limit gets its best complete
+        translation and a warning naming its index (logger "nmt.generation")."""
+        results = self.translate_batch(
+            texts, constraints=constraints, glossary=glossary, **search_options
+        )
+        for i, best in enumerate(results):
+            if not best[0].constraints_met:
+                log.warning(
+                    "texts[%d]: an include phrase could not be met within the length limit "
+                    "(or the text is empty); its translation is the best one without it "
+                    "(translate_batch's Translation.constraints_met is False)",
+                    i,
+                )
+        return [best[0].text for best in results]
 
     def translate_batch(
         self,
@@ -297,15 +389,26 @@ class Translator:
         return_scores: bool = False,
         return_alignment: bool = False,
         prefixes: Sequence[str | None] | None = None,
+        constraints: Sequence[ConstraintsLike] | None = None,
+        glossary: GlossaryLike = None,
         **search_options: Any,
     ) -> list[list[Translation]]:
         """Per text, up to `nbest` translations, best first; `search_options` (nbest=3,
-        beam=1, sampling=True, ...) override the translator's search for this call.
+        beam=1, lenpen=0.6, ...) override the translator's search for this call.
 
         `prefixes`: one target prefix per text (None or "" = free), forced at the start
         of its translations. An empty text gets one empty Translation.
+        `constraints`: one entry per text: phrases its translations must contain
+        (`["Hund", "rote Mütze"]`), `{"include": [...], "exclude": [...]}` (exclude:
+        phrases they must never contain), a TextConstraints, or None. `glossary`: a
+        Glossary, a TSV file (`source term<TAB>target term`) or a mapping source term ->
+        target term; the target terms of the source terms a text contains (whole words,
+        any case) are include phrases of that text. Constraints need beam search. A
+        translation that could not meet every include phrase within the length limit
+        has `constraints_met` False (the n-best lists those that could first).
         """
         _check_texts(texts, "texts")
+        wanted = self._text_constraints(texts, constraints, glossary)
         encoder = self.source_encoder("input")
         sources = _encode(encoder, texts)
         prefix_ids = None
@@ -318,12 +421,56 @@ class Translator:
                 )
             prefix_ids = [self.encode_prefix(p) for p in prefixes]
         results = self.translate_ids(
-            sources, prefixes=prefix_ids, alignment=return_alignment, **search_options
+            sources,
+            prefixes=prefix_ids,
+            alignment=return_alignment,
+            constraints=wanted,
+            **search_options,
         )
         return [
-            self.translations(hyps, len(src), scores=return_scores, alignment=return_alignment)
-            for hyps, src in zip(results, sources)
+            self.translations(
+                hyps,
+                len(src),
+                scores=return_scores,
+                alignment=return_alignment,
+                constraints=None if wanted is None else wanted[i],
+            )
+            for i, (hyps, src) in enumerate(zip(results, sources))
         ]
+
+    def _text_constraints(
+        self,
+        texts: Sequence[str],
+        constraints: Sequence[ConstraintsLike] | None,
+        glossary: GlossaryLike,
+    ) -> list[TokenConstraints | None] | None:
+        """translate_batch's constraints and glossary as one TokenConstraints (or None)
+        per text; None when no text has any."""
+        if constraints is None and glossary is None:
+            return None
+        if constraints is not None:
+            if isinstance(constraints, (str, Mapping)) or not isinstance(constraints, Sequence):
+                raise TypeError(
+                    "constraints: pass one entry per text (a list of phrases, a dict, or "
+                    "None), e.g. constraints=[['Hund']] for one text"
+                )
+            if len(constraints) != len(texts):
+                raise NmtError(
+                    f"constraints: {len(constraints)} of them for {len(texts)} texts; "
+                    "give one entry (or None) per text"
+                )
+        terms = as_glossary(glossary)
+        wanted = [
+            self.constraint_ids(
+                None
+                if constraints is None
+                else as_constraints(constraints[i], f"constraints[{i}]"),
+                text,
+                terms,
+            )
+            for i, text in enumerate(texts)
+        ]
+        return wanted if any(w is not None for w in wanted) else None
 
     def score(
         self, sources: Sequence[str], targets: Sequence[str], *, lenpen: float | None = None
@@ -493,10 +640,17 @@ class Translator:
         return pad_batch([empty if r is None else r for r in rows], self.device)
 
     def translations(
-        self, hyps: list[Hypothesis], src_len: int, *, scores: bool, alignment: bool
+        self,
+        hyps: list[Hypothesis],
+        src_len: int,
+        *,
+        scores: bool,
+        alignment: bool,
+        constraints: TokenConstraints | None = None,
     ) -> list[Translation]:
         """translate_ids' hypotheses of one source (`src_len` ids, EOS included) as
-        translate_batch returns them: text, pieces, and scores/alignment on request."""
+        translate_batch returns them: text, pieces, and scores/alignment on request.
+        `constraints`: the source's; an empty source meets none of its include phrases."""
         if not hyps:  # an empty source: one empty translation
             return [
                 Translation(
@@ -505,6 +659,7 @@ class Translator:
                     0.0 if scores else None,
                     [] if scores else None,
                     [] if alignment else None,
+                    constraints_met=constraints is None or not constraints.include,
                 )
             ]
         out = []
@@ -517,6 +672,7 @@ class Translator:
                     score=h.score if scores else None,
                     token_scores=h.positional_scores.tolist() if scores else None,
                     alignment=alignment_pairs(h, src_len) if alignment else None,
+                    constraints_met=h.constraints_met,
                 )
             )
         return out
@@ -551,6 +707,17 @@ class _Stopped:
 def _encode(encoder: TextEncoder, texts: Sequence[str]) -> list[np.ndarray]:
     """Ids of each text, fitted to the model's positions (warning or failing per line)."""
     return [encoder.fit(ids, i) for i, ids in enumerate(encoder.to_ids(encoder.normalize(texts)))]
+
+
+def _quoted(text: str) -> str:
+    """A phrase in double quotes for messages (JSON's quoting: "rote Mütze")."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _contains(ids: tuple[int, ...], part: tuple[int, ...]) -> bool:
+    """`part` occurs in `ids` as a contiguous run."""
+    n = len(part)
+    return any(ids[i : i + n] == part for i in range(len(ids) - n + 1))
 
 
 def _as_ids(ids: IdsLike) -> np.ndarray:
