@@ -29,6 +29,7 @@ from nmt.training.config import (
     TrainConfig,
     ValidationConfig,
 )
+from nmt.vocab import EOS, PAD
 
 TINY_MODEL = ModelConfig(
     embed_dim=16,
@@ -103,6 +104,23 @@ def random_transformer(vocab: int = 40, seed: int = 0):
         max_target_positions=32,
     )
     return Transformer(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab).eval()
+
+
+def random_sources(lengths: list[int], seed: int = 0, vocab: int = 40) -> list[torch.Tensor]:
+    """Source sentences of random word ids (seeded) of `lengths` (EOS included)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.cat([torch.randint(4, vocab, (n - 1,), generator=g), torch.tensor([EOS])])
+        for n in lengths
+    ]
+
+
+def padded(sources: list[torch.Tensor]) -> torch.Tensor:
+    """[B,S] the sentences right-padded with PAD, as a batch."""
+    out = torch.full((len(sources), max(len(s) for s in sources)), PAD)
+    for i, s in enumerate(sources):
+        out[i, : len(s)] = s
+    return out
 
 
 def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:

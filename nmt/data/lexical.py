@@ -9,7 +9,8 @@ The file is a CTranslate2 vocabulary map (vmap), so one file serves both engines
 one line per source n-gram (its pieces separated by spaces; nmt-shortlist writes single
 pieces), and one line with no source, whose targets are candidates for every sentence.
 A sentence's candidates are those, the four special tokens, the targets of every source
-n-gram it contains, and the tokens of its forced prefix.
+n-gram it contains, and the tokens of its forced prefix and of its required phrases
+(constraints).
 
 The table is IBM Model 1 (Brown et al., 1993): p(t | s) for every source piece s (and
 a NULL source word) and target piece t that occur in one sentence pair, learned by EM

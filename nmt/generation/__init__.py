@@ -5,6 +5,7 @@ loading.py     a checkpoint's model and tokenizers (load_for_inference, load_ens
 generator.py   SequenceGenerator: batched beam search / sampling on the KV-cached decoder
 search.py      the search step on log-probs (candidates, top-k, selection)
 processors.py  the search's rules as logit processors (penalties, lengths, prefixes, sampling)
+constraints.py  lexical constraints: required phrases' beam allocation, banned phrases
 forced.py      forced decoding: the log-probs of a given target
 encoding.py    text <-> ids, length-sorted batches, padding, pieces, alignments
 shortlist.py   decoding over a batch's shortlist candidates (BatchVocab)

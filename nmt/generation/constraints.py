@@ -251,7 +251,9 @@ class RequiredPhrases:
         all_origins = torch.cat(
             [plain_origins, beams.repeat_interleave(p).expand(n, -1), beams.expand(n, -1)], dim=1
         )  # [N,M]
-        valid = all_scores.gt(NEG_INF) & ~_repeats(all_origins * v + all_tokens)  # [N,M]
+        repeats = _repeats(all_origins * v + all_tokens)  # [N,M]
+        all_scores = all_scores.masked_fill(repeats, NEG_INF)  # each (row, token) once
+        valid = all_scores.gt(NEG_INF)  # [N,M]
         state = self.advance(all_origins, all_tokens)  # [N,M,P]
         order = self._allocate(all_scores, self.bank(state), valid)[:, :c]  # [N,C]
         picked = (all_scores.gather(1, order), all_tokens.gather(1, order))
@@ -260,9 +262,10 @@ class RequiredPhrases:
     def _allocate(self, scores: Tensor, bank: Tensor, valid: Tensor) -> Tensor:
         """[N,M] candidate columns in the order the beam takes them: valid ones first,
         round-robin over the banks from the highest, each bank's best first; ties keep
-        column order (stable sorts). scores, bank [N,M], valid [N,M] bool."""
+        column order (stable sorts). scores, bank [N,M], valid [N,M] bool: the finite
+        scores."""
         m = scores.size(1)
-        by_score = scores.masked_fill(~valid, NEG_INF).argsort(dim=1, descending=True, stable=True)
+        by_score = scores.argsort(dim=1, descending=True, stable=True)
         by_bank = bank.gather(1, by_score).argsort(dim=1, descending=True, stable=True)
         order = by_score.gather(1, by_bank)  # [N,M] grouped by bank, best first within
         bank = bank.gather(1, order)

@@ -12,6 +12,8 @@ finished when it has K finished hypotheses (or reached its length limit); finish
 sentences leave the batch, so the remaining steps cost less. `SequenceGenerator.generate`
 runs these as named phases: prepare, then per step: step, select, finish, reorder.
 Semantics are fairseq's: score = sum of log-probs / length**lenpen, length counting EOS.
+Lexical constraints (constraints.py) add the batch's own rules to the step and their
+beam allocation to the selection; without them those phases are the plain search's.
 
 On a GPU the host reads the device once per batch before decoding (the length limits and
 whether sources are padded) and once per step (how many sentences are done, the shortest
@@ -313,7 +315,10 @@ class SequenceGenerator:
     (caches and histories follow the continuing hypotheses). A new rule on the
     log-probabilities is a processor (processors.py, added in LogitProcessors.from_search);
     a new per-sentence state (as ForcedTokens or BatchVocab) is made in `_prepare`, read in
-    `_step`, and follows the sentences that stay with its `keep` in `_reorder`.
+    `_step`, and follows the sentences that stay with its `keep` in `_reorder`. The
+    constraints of a batch (constraints.py) are such state: their rules run in `_step`
+    (`_BatchSearch.rules`), their candidates and beam allocation in `_select`, and each
+    row's phrase progress follows the continuing rows in `_reorder`.
     """
 
     def __init__(

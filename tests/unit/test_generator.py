@@ -16,7 +16,7 @@ from nmt.generation.config import SearchConfig
 from nmt.generation.generator import SequenceGenerator, _Member
 from nmt.model.transformer import EncoderOut, Transformer
 from nmt.vocab import BOS, EOS, PAD, UNK
-from tests.helpers import random_transformer
+from tests.helpers import padded, random_sources, random_transformer
 
 A, B, C = 4, 5, 6  # the Markov model's three words
 
@@ -164,24 +164,9 @@ def model() -> Transformer:
     return random_transformer()
 
 
-def _sources(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.cat([torch.randint(4, 40, (n - 1,), generator=g), torch.tensor([EOS])])
-        for n in lengths
-    ]
-
-
 def _pairs(sources: list[torch.Tensor], found) -> list[tuple[list[int], list[int]]]:
     """(source ids, hypothesis ids) of every hypothesis found for `sources`."""
     return [(s.tolist(), h.tokens.tolist()) for s, hyps in zip(sources, found) for h in hyps]
-
-
-def _pad(sources: list[torch.Tensor]) -> torch.Tensor:
-    out = torch.full((len(sources), max(len(s) for s in sources)), PAD)
-    for i, s in enumerate(sources):
-        out[i, : len(s)] = s
-    return out
 
 
 def _greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[int]:
@@ -202,8 +187,8 @@ def _greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[int]:
 
 
 def test_beam1_equals_greedy(model):
-    sources = _sources([5, 9, 3, 12])
-    hyps = SequenceGenerator([model], SearchConfig(beam=1, max_len_b=10)).generate(_pad(sources))
+    sources = random_sources([5, 9, 3, 12])
+    hyps = SequenceGenerator([model], SearchConfig(beam=1, max_len_b=10)).generate(padded(sources))
     for src, h in zip(sources, hyps):
         assert h[0].tokens.tolist() == _greedy(model, src, 10)
 
@@ -212,12 +197,12 @@ def test_beam1_equals_greedy(model):
 def test_output_does_not_depend_on_the_batch(model, beam):
     # Length limits of 1 x source + 2 end the sentences at different steps, so finished
     # ones idle in the batch for a while and then leave it (both paths are exercised).
-    sources = _sources([6, 11, 3, 8, 14, 6, 4, 5, 9], seed=1)
+    sources = random_sources([6, 11, 3, 8, 14, 6, 4, 5, 9], seed=1)
     gen = SequenceGenerator(
         [model], SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=2)
     )
-    together = gen.generate(_pad(sources))
-    reordered = gen.generate(_pad(sources[::-1]))[::-1]
+    together = gen.generate(padded(sources))
+    reordered = gen.generate(padded(sources[::-1]))[::-1]
     tolerance = logprob_tolerance(model, _pairs(sources, together))  # see tests/rounding.py
     for i, src in enumerate(sources):
         alone = gen.generate(src[None])[0]
@@ -229,7 +214,7 @@ def test_output_does_not_depend_on_the_batch(model, beam):
 
 @pytest.mark.parametrize("lenpen,sampling", [(1.0, False), (0.6, False), (1.0, True)])
 def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
-    sources = _sources([7, 4, 10], seed=2)
+    sources = random_sources([7, 4, 10], seed=2)
     temperature = 0.8 if sampling else 1.0
     gen = SequenceGenerator(
         [model],
@@ -237,7 +222,7 @@ def test_reported_score_is_the_forced_decoding_score(model, lenpen, sampling):
             beam=3, nbest=3, lenpen=lenpen, max_len_b=9, sampling=sampling, temperature=temperature
         ),
     )
-    found = gen.generate(_pad(sources))
+    found = gen.generate(padded(sources))
     # both sides' log-probabilities (of logits / temperature <= 1: errors grow by 1/0.8)
     tolerance = logprob_tolerance(model, _pairs(sources, found)) / temperature
     for src, hyps in zip(sources, found):
@@ -282,10 +267,10 @@ def test_cached_equals_uncached(model, other_model, case):
     prefix = torch.tensor([[7, 8], [PAD, PAD], [9, PAD]]) if kw.pop("prefix", False) else None
     models = [model, other_model] if kw.pop("ensemble", False) else [model]
     attn_layer = -1 if kw.pop("attention", False) else None
-    sources = _sources([5, 13, 8], seed=3)
+    sources = random_sources([5, 13, 8], seed=3)
     cached, full = (
         SequenceGenerator(models, SearchConfig(**kw, use_cache=use_cache)).generate(
-            _pad(sources), prefix, attn_layer=attn_layer
+            padded(sources), prefix, attn_layer=attn_layer
         )
         for use_cache in (True, False)
     )
@@ -305,23 +290,23 @@ def test_cached_equals_uncached(model, other_model, case):
 
 
 def test_ensemble_of_one_model_twice_is_the_model(model):
-    src = _pad(_sources([6, 9], seed=4))
+    src = padded(random_sources([6, 9], seed=4))
     single = SequenceGenerator([model], SearchConfig(beam=3, max_len_b=8)).generate(src)
     double = SequenceGenerator([model, model], SearchConfig(beam=3, max_len_b=8)).generate(src)
     # the ensemble's mean of two equal log-probabilities (logsumexp - log 2) rounds anew
-    tolerance = logprob_tolerance(model, _pairs(_sources([6, 9], seed=4), single))
+    tolerance = logprob_tolerance(model, _pairs(random_sources([6, 9], seed=4), single))
     for a, b in zip(single, double):
         assert a[0].tokens.tolist() == b[0].tokens.tolist()
         assert a[0].score == pytest.approx(b[0].score, abs=tolerance)
 
 
 def test_limits_prefix_and_attention(model):
-    sources = _sources([4, 10], seed=5)
+    sources = random_sources([4, 10], seed=5)
     prefix = torch.tensor([[7, 8], [9, PAD]])
     gen = SequenceGenerator(
         [model], SearchConfig(beam=3, nbest=3, min_len=4, max_len_a=1.0, max_len_b=2), attn_layer=-1
     )
-    for src, hyps, pre in zip(sources, gen.generate(_pad(sources), prefix), prefix.tolist()):
+    for src, hyps, pre in zip(sources, gen.generate(padded(sources), prefix), prefix.tolist()):
         assert len(hyps) == 3
         for h in hyps:
             tokens = h.tokens.tolist()
@@ -337,7 +322,7 @@ def test_limits_prefix_and_attention(model):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu_and_runs_in_half_precision(model):
-    src = _pad(_sources([6, 12, 9], seed=6))
+    src = padded(random_sources([6, 12, 9], seed=6))
     search = SearchConfig(beam=4, nbest=2, max_len_b=10)
     on_cpu = SequenceGenerator([model], search).generate(src)
     gpu_model = Transformer(model.cfg, 40, 40).cuda().eval()
@@ -354,7 +339,7 @@ def test_cuda_matches_cpu_and_runs_in_half_precision(model):
 
 def test_nbest_and_attention_per_call(model):
     """generate(nbest=, attn_layer=) override the generator's own settings for one call."""
-    src = _pad(_sources([6, 9, 4], seed=7))
+    src = padded(random_sources([6, 9, 4], seed=7))
     gen = SequenceGenerator([model], SearchConfig(beam=4, nbest=1, max_len_b=8))
     default = gen.generate(src)
     more = gen.generate(src, nbest=3, attn_layer=-1)
@@ -386,7 +371,7 @@ def test_under_autocast_the_output_weights_are_cast_once_per_search(model):
     runs the search under no_grad instead). The cached casts are the same values: the
     search finds bitwise the same hypotheses as with the cache off (an outer
     inference_mode, which no_grad inside it does not leave)."""
-    src = _pad(_sources([6, 12, 9], seed=6))
+    src = padded(random_sources([6, 12, 9], seed=6))
     search = SearchConfig(beam=4, nbest=2, max_len_b=10)
     cached, casts = _weight_casts(model, search, src, torch.no_grad())
     uncached, steps = _weight_casts(model, search, src, torch.inference_mode())
@@ -401,7 +386,7 @@ def test_bf16_logits_buffer_reused_across_steps_changes_nothing(model, monkeypat
     at every step (rows shrink as sentences finish). The search finds bitwise the same
     hypotheses as with a fresh float32 tensor a step, for one model and for an ensemble
     (a buffer each), with sentences of different lengths finishing at different steps."""
-    src = _pad(_sources([3, 12, 7, 5], seed=8))
+    src = padded(random_sources([3, 12, 7, 5], seed=8))
     search = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=2)
     twin = Transformer(model.cfg, 40, 40).eval()
     torch.manual_seed(9)
