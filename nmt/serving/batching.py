@@ -24,12 +24,13 @@ decoding, and its sentences leave a running batch at the next decoding step
 queued work can be done before the deadlines waiting (admission.py), else submit raises
 Overloaded.
 
-A translation never depends on the other sentences of its batch (Translator's invariant),
-and only jobs with the same search (nbest aside, which only cuts the finished list) share
-a batch, so batching across clients changes only the speed. Sampling jobs are never
-merged: each is decoded alone, in one Translator call with its search's options, which
-starts a random stream of its own from its seed; so an answer never depends on the other
-requests.
+A translation never depends on the other sentences of its batch (Translator's invariant,
+constrained or not: a sentence's constraints are its own, so jobs with and without them
+share batches), and only jobs with the same search (nbest aside, which only cuts the
+finished list) share a batch, so batching across clients changes only the speed.
+Sampling jobs are never merged: each is decoded alone, in one Translator call with its
+search's options, which starts a random stream of its own from its seed; so an answer
+never depends on the other requests.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ import torch
 
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
+from nmt.generation.constraints import TokenConstraints
+from nmt.generation.terminology import Glossary, TextConstraints
 from nmt.generation.translator import Translator
 from nmt.serving.admission import Backlog, WorkEstimate, retry_after, units
 
@@ -70,6 +73,10 @@ class Closed(Exception):
 
 class Expired(Exception):
     """The job's deadline passed before it was decoded (its request timed out)."""
+
+
+class Invalid(NmtError):
+    """A request's input the model cannot take (a constraint it cannot spell): a 400."""
 
 
 class Overloaded(Exception):
@@ -97,6 +104,11 @@ class Job:
     search: SearchConfig | None = None
     op: str = TRANSLATE  # TRANSLATE: hypotheses per text; SCORE: forced decoding
     prefixes: Sequence[str | None] | None = None  # TRANSLATE: target text to force
+    # TRANSLATE: per text, phrases to include/exclude (None: none); the request's glossary
+    # over the model's: the target terms of the terms a text holds are includes of it
+    constraints: Sequence[TextConstraints | None] | None = None
+    glossary: Glossary | None = None
+    model_glossary: Glossary | None = None
     targets: Sequence[str] | None = None  # SCORE: the translations to score
     alignment: bool = False  # TRANSLATE: hypotheses carry attention
     kind: Hashable = None  # jobs of the same kind may share a batch (None: job_kind's)
@@ -106,6 +118,7 @@ class Job:
     # the worker's:
     sources: list[np.ndarray] = field(default_factory=list)  # ids ending in EOS
     prefix_ids: list[np.ndarray | None] | None = None
+    constraint_ids: list[TokenConstraints | None] | None = None  # with constraints or glossary
     target_ids: list[np.ndarray] | None = None
     warnings: list[str] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
@@ -147,11 +160,51 @@ class Job:
         if self.prefixes is not None:
             encoded = [translator.encode_prefix(p) for p in self.prefixes]
             self.prefix_ids = [None if p is None else np.asarray(p, np.int64) for p in encoded]
+        glossary = Glossary.merged(self.glossary, self.model_glossary)  # (in the worker)
+        if self.constraints is not None or glossary is not None:
+            self.constraint_ids = self._constraint_ids(glossary)
         if self.targets is not None:
             target = translator.target_encoder("targets", warn=self.warnings.append)
             self.target_ids = _fit(target, self.targets)
         self.results = [None] * len(self.texts)
         self.left = len(self.texts)
+
+    def _constraint_ids(self, glossary: Glossary | None) -> list[TokenConstraints | None]:
+        """Each text's constraints as target ids, its glossary terms included
+        (Translator.constraint_ids); Invalid naming the text's constraints (or the text's
+        line, for its glossary terms) when the model cannot take them."""
+        assert self.search is not None
+        wanted = self.constraints or [None] * len(self.texts)
+        out = []
+        for i, (constraints, text) in enumerate(zip(wanted, self.texts)):
+            where = f"{self.where}:{i + 1}" if constraints is None else f"constraints[{i}]"
+            try:
+                out.append(self.translator.constraint_ids(constraints, text, glossary))
+            except NmtError as exc:
+                raise Invalid(f"{where}: {exc}") from None
+            if out[-1] and self.search.sampling:  # the Translator's rule, as a 400 now
+                raise Invalid(
+                    f"{where}: constraints (a glossary's terms too) need beam search; "
+                    "send sampling=false"
+                )
+        return out
+
+    def unmet(self) -> list[str]:
+        """Warnings naming the texts whose best translation lacks an include phrase (it
+        did not fit the length limit, or the text is empty)."""
+        assert self.constraint_ids is not None
+        notes = []
+        for i, (hyps, wanted) in enumerate(zip(self.results, self.constraint_ids)):
+            if hyps and not hyps[0].constraints_met:
+                notes.append(
+                    f"{self.where}:{i + 1}: an include phrase could not be met within the "
+                    "length limit; its translation is the best one that ended without it"
+                )
+            elif not hyps and wanted is not None and wanted.include:
+                notes.append(
+                    f"{self.where}:{i + 1}: an empty text, so its include phrases could not be met"
+                )
+        return notes
 
     def cost(self, i: int) -> int:
         """Sentence i's length as batching counts it (0: nothing to decode)."""
@@ -539,16 +592,29 @@ def _run(head: Job, batch: list[tuple[Job, int]], cancelled: _Cancelled) -> list
     if head.op == SCORE:
         targets = [job.target_ids[i] for job, i in batch]  # type: ignore[index]
         return translator.score_ids(sources, targets, lenpen=search.lenpen)
-    prefixes = None
-    if any(job.prefix_ids is not None for job, _ in batch):
-        prefixes = [None if job.prefix_ids is None else job.prefix_ids[i] for job, i in batch]
     # the head's search, as options of this call (sampling: a stream of its own from seed)
     options = {**dataclasses.asdict(search), "nbest": max(job.nbest for job, _ in batch)}
     hyps = translator.translate_ids(
-        sources, prefixes=prefixes, alignment=head.alignment, cancelled=cancelled, **options
+        sources,
+        prefixes=_per_sentence(batch, lambda job: job.prefix_ids),
+        constraints=_per_sentence(batch, lambda job: job.constraint_ids),
+        alignment=head.alignment,
+        cancelled=cancelled,
+        **options,
     )
     # nbest only cuts the finished list (best first), so fewer is a prefix of more.
     return [h[: job.nbest] for (job, _), h in zip(batch, hyps)]
+
+
+def _per_sentence(
+    batch: list[tuple[Job, int]], values: Callable[[Job], Sequence[Any] | None]
+) -> list[Any] | None:
+    """Each sentence's entry of its job's `values` (None for a job without), or None
+    when no job of the batch has any."""
+    per_job = [values(job) for job, _ in batch]
+    if all(v is None for v in per_job):
+        return None
+    return [None if v is None else v[i] for v, (_, i) in zip(per_job, batch)]
 
 
 def _deliver(batch: list[tuple[Job, int]], outcome: list[Any] | Exception) -> None:
@@ -573,6 +639,8 @@ def _deliver(batch: list[tuple[Job, int]], outcome: list[Any] | Exception) -> No
 
 
 def _finished(job: Job) -> Any:
+    if job.constraint_ids is not None:
+        job.warnings += job.unmet()
     return job.finish(job) if job.finish is not None else job.results
 
 

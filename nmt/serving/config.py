@@ -40,6 +40,7 @@ class ModelSpec:
     checkpoint: Any = None  # checkpoint file, or a list [a.pt,b.pt] to ensemble (required)
     name: Optional[str] = None  # the name requests give as `model`; null: "<src>-<tgt>" (en-de)
     search: dict[str, Any] = field(default_factory=dict)  # search options over the server's
+    glossary: Optional[str] = None  # TSV `source term<TAB>target term` lines; null: none
 
 
 @dataclass
@@ -49,6 +50,7 @@ class ServeConfig(SearchConfig):
     # what to serve
     checkpoint: Any = None  # one model: a checkpoint file or [a.pt,b.pt]; or use models=
     models: list[ModelSpec] = field(default_factory=list)  # several models by name
+    glossary: Optional[str] = None  # the glossary of checkpoint= (TSV); models=: each its own
     # where
     host: str = "127.0.0.1"  # the address to bind; 0.0.0.0 opens the server to the network
     port: int = 5000  # TCP port; 0 = any free port (the port is printed)
@@ -75,7 +77,8 @@ class ServeConfig(SearchConfig):
     wait_gap_ms: float = 10.0  # ... and it stops waiting after a pause this long
     max_queue: int = 4096  # sentences waiting per model; beyond, requests get 503
     # limits per request
-    max_request_chars: int = 10000  # characters of text in one request
+    max_request_chars: int = 10000  # characters of text (and prefixes, constraints,
+    # glossary terms) in one request
     max_request_sentences: int = 128  # sentences (texts, or lines of texts) in one request
     max_body_bytes: int = 1_000_000  # request body size
     max_beam: int = 16  # widest beam (samples per sentence) a request may ask for
@@ -189,7 +192,14 @@ class ServeConfig(SearchConfig):
                 "given together with models=",
                 "list every model under models= (each with its checkpoint), or give one checkpoint=",
             )
-        specs = list(self.models) or [ModelSpec(checkpoint=self.checkpoint)]
+        if self.glossary is not None and self.models:
+            raise option_error(
+                "glossary",
+                self.glossary,
+                "given together with models=",
+                "give each model its own glossary: under models=",
+            )
+        specs = list(self.models) or [ModelSpec(checkpoint=self.checkpoint, glossary=self.glossary)]
         names: dict[str, int] = {}
         for i, spec in enumerate(specs):
             where = "checkpoint" if not self.models else f"models[{i}].checkpoint"
@@ -217,6 +227,11 @@ class ServeConfig(SearchConfig):
                         "give each model its own name",
                     )
                 names[spec.name] = i
+            if spec.glossary is not None and not str(spec.glossary).strip():
+                where = "glossary" if not self.models else f"models[{i}].glossary"
+                raise option_error(
+                    where, repr(spec.glossary), "empty", "give a TSV file, or null for none"
+                )
             self.search_for(spec, f"models[{i}].search")
         return specs
 

@@ -1,7 +1,8 @@
 """LibreTranslate's API, as its clients call it: POST /translate, POST /detect, GET /languages.
 
     POST /translate  q (a string, or a list of strings), source (a code or "auto"), target,
-                     format ("text"), alternatives (n), api_key; as a JSON body, or
+                     format ("text"), alternatives (n), api_key, and nmt's own glossary
+                     (source term -> target term, for every text); as a JSON body, or
                      form-encoded (application/x-www-form-urlencoded or multipart), or in the
                      query string; the key may also come as `Authorization: Bearer KEY`
                   -> {"translatedText": str | [str]} (+ "alternatives", "detectedLanguage")
@@ -15,6 +16,11 @@ paragraphs keep their shape. "auto" takes the one source language that translate
 target, and /detect answers the one source language the server translates from: this
 server has no language detector, so with several source languages both are a 400 asking
 for source=.
+
+`glossary` is not LibreTranslate's (its clients never send it): a JSON object, or that
+object as a JSON string (a form field); it goes over the model's own glossary, as in nmt's
+API. A translation that misses a glossary term (it did not fit the length limit) is
+logged as a warning.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from fastapi.responses import JSONResponse
 
 from nmt.serving.errors import ApiError, bad_request, check_text, printable
 from nmt.serving.models import AUTO
-from nmt.serving.service import Service, texts_of
+from nmt.serving.service import Service, json_chars, request_glossary, texts_of
 
 log = logging.getLogger("nmt.serving")
 
@@ -76,13 +82,16 @@ def router(service: Service) -> APIRouter:
         if not request_is_json(request):  # as LibreTranslate: form line ends become \n
             texts = ["\n".join(t.splitlines()) for t in texts]
         lines = [line for t in texts for line in t.split("\n")]
-        service.check_size("q", lines)
+        glossary = _glossary(params.get("glossary"))
+        service.check_size("q", lines, extra_chars=json_chars(glossary))
         model = service.registry().for_pair(source, target)
         wanted = {"nbest": alternatives + 1}  # n alternatives need a beam of n + 1
         if alternatives + 1 > model.search.beam:
             wanted["beam"] = alternatives + 1
         search = service.search(model, wanted)
-        answer = await service.translate(model, lines, texts_of, search=search, where="q")
+        answer = await service.translate(
+            model, lines, texts_of, search=search, glossary=request_glossary(glossary), where="q"
+        )
         for warning in answer.warnings:
             log.warning("%s", warning)
         outputs = answer.value
@@ -143,6 +152,24 @@ def _key(params: dict[str, Any], request: Request) -> str | None:
     form, else from the query string (a JSON body's too)."""
     key = params.get("api_key") or params.get("apiKey") or request.query_params.get("api_key")
     return key if isinstance(key, str) and key else None
+
+
+def _glossary(value: Any) -> Any:
+    """nmt's `glossary` parameter as parsed JSON: a form sends the object as a JSON string
+    (the text in it checked again: JSON escapes may spell what is not UTF-8)."""
+    if not isinstance(value, str):
+        return value
+    if not value:
+        return None
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        raise bad_request(
+            f"glossary={printable(value)[:40]}: not JSON; give an object "
+            '{"source term": "target term", ...}'
+        ) from None
+    check_text({"glossary": parsed})
+    return parsed
 
 
 def _alternatives(value: Any, max_beam: int) -> int:

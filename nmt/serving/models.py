@@ -1,6 +1,7 @@
 """The models a server holds, by name and by language pair, each with its batching queue.
 
-`ModelRegistry.load(cfg)` loads every model of a ServeConfig once (Translator.from_checkpoint) and
+`ModelRegistry.load(cfg)` loads every model of a ServeConfig once (Translator.from_checkpoint),
+with its glossary (read_glossaries: read and checked before any checkpoint loads), and
 starts one BatchQueue (worker thread) per model. LibreTranslate routes find a model by
 its languages (the checkpoint's data: src_lang, tgt_lang), native routes by name.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
+from nmt.generation.terminology import Glossary
 from nmt.generation.translator import Translator, checkpoint_paths
 from nmt.serving.batching import BatchQueue
 from nmt.serving.config import ServeConfig
@@ -28,12 +30,14 @@ AUTO = "auto"  # LibreTranslate's "detect the source language"
 
 @dataclass(eq=False)
 class ServedModel:
-    """One loaded model: its Translator (with its default search) and its queue."""
+    """One loaded model: its Translator (with its default search), its queue, and its
+    glossary (the serve config's, which every request's own glossary goes over)."""
 
     name: str
     translator: Translator
     queue: BatchQueue
     checkpoints: list[str]
+    glossary: Glossary | None = None
 
     @property
     def source(self) -> str:
@@ -69,8 +73,9 @@ class ModelRegistry:
     def load(cls, cfg: ServeConfig) -> ModelRegistry:
         """Load every model of `cfg` once and start its queue."""
         cfg.validate()
+        glossaries = read_glossaries(cfg)
         loaded: list[tuple[str | None, Translator, list[str]]] = []
-        for spec in cfg.model_specs():
+        for spec, glossary in zip(cfg.model_specs(), glossaries):
             translator = Translator.from_checkpoint(
                 spec.checkpoint,
                 search=cfg.search_for(spec),
@@ -84,10 +89,12 @@ class ModelRegistry:
             )
             if translator.runtime.note:
                 log.info("%s", translator.runtime.note)
+            if glossary is not None:
+                check_glossary(translator, glossary)
             loaded.append((spec.name, translator, checkpoint_paths(spec.checkpoint)))
         names = _names(loaded)
         models = []
-        for name, (_, translator, paths) in zip(names, loaded):
+        for name, (_, translator, paths), glossary in zip(names, loaded, glossaries):
             queue = BatchQueue(
                 name,
                 max_sentences=cfg.max_sentences,
@@ -97,7 +104,7 @@ class ModelRegistry:
                 max_queue=cfg.max_queue,
                 device=translator.device,
             )
-            models.append(ServedModel(name, translator, queue, paths))
+            models.append(ServedModel(name, translator, queue, paths, glossary))
         return cls(models)
 
     def report_batches(
@@ -183,6 +190,19 @@ class ModelRegistry:
             {"code": code, "name": language_name(code), "targets": sorted(to)}
             for code, to in targets.items()
         ]
+
+
+def read_glossaries(cfg: ServeConfig) -> list[Glossary | None]:
+    """Each model's glossary (None: it has none), in model_specs' order; a bad file is an
+    NmtError naming the file and line."""
+    return [None if s.glossary is None else Glossary.read(s.glossary) for s in cfg.model_specs()]
+
+
+def check_glossary(translator: Translator, glossary: Glossary) -> None:
+    """The model's target vocabulary can write every target term of its glossary (an
+    NmtError naming the file and line), so no request finds one it cannot."""
+    for term in glossary.terms:  # its own source contains it: checked as a request uses it
+        translator.constraint_ids(None, term.source, Glossary([term]))
 
 
 def _names(loaded: list[tuple[str | None, Translator, list[str]]]) -> list[str]:

@@ -1,9 +1,11 @@
 """nmt's own API, with every generation option:
 
-    POST /v1/translate  {texts, model | source+target, prefixes, nbest, return_scores,
-                         return_alignment, return_attention, beam, lenpen, sampling, ...}
+    POST /v1/translate  {texts, model | source+target, prefixes, constraints, glossary,
+                         nbest, return_scores, return_alignment, return_attention, beam,
+                         lenpen, sampling, ...}
                      -> {model, results: [{translations: [{text, pieces, score, token_scores,
-                         alignment}], attention: {source, target, weights}}], warnings}
+                         alignment, constraints_met}], attention: {source, target,
+                         weights}}], warnings}
     POST /v1/score      {sources, targets, model | source+target, lenpen}
                      -> {model, scores: [{log_prob, score, token_scores, pieces}]}
     GET  /v1/models  -> {models: [{name, source, target, search}], api_key_required, limits}
@@ -11,8 +13,12 @@
 A text is one sentence, as for Translator.translate_batch, and the answers equal its
 answers: the search options a request may give are SearchConfig's (but use_cache, the
 server's choice), made into the request's search as a Translator call makes its own.
-Wrong types and non-finite numbers (NaN, Infinity) are 422, malformed JSON and text that is
-not UTF-8 (a lone surrogate) 400, limits 413 (`{"error": message}`). The API key is the
+`constraints` and `glossary` are translate_batch's too (the glossary a JSON object, over
+the model's own from the serve config); with either, each translation says whether it
+met its constraints (`constraints_met`), and `warnings` names each text whose best
+translation could not. Wrong types and non-finite numbers (NaN, Infinity) are 422,
+malformed JSON, text that is not UTF-8 (a lone surrogate) and bad constraints or glossary
+400, limits 413 (`{"error": message}`). The API key is the
 body's api_key, the query string's, or an `Authorization: Bearer KEY` header.
 """
 
@@ -28,11 +34,26 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from nmt.generation.config import SEARCH_OPTIONS, SearchConfig
 from nmt.serving.errors import check_text
-from nmt.serving.service import Service, translations_of
+from nmt.serving.service import (
+    Service,
+    json_chars,
+    request_constraints,
+    request_glossary,
+    translations_of,
+)
 
 # The search options a request may give: every one but use_cache, which changes how fast
 # the server decodes, not what it answers.
 REQUEST_SEARCH_OPTIONS = tuple(k for k in SEARCH_OPTIONS if k != "use_cache")
+
+_PHRASES: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+CONSTRAINTS_SCHEMA: dict[str, Any] = {  # one text's entry of `constraints`, for /docs
+    "anyOf": [
+        _PHRASES,
+        {"type": "object", "properties": {"include": _PHRASES, "exclude": _PHRASES}},
+        {"type": "null"},
+    ]
+}
 
 
 class _Body(BaseModel):
@@ -63,6 +84,19 @@ class TranslateBody(_SearchOptions):
     texts: list[str] = Field(description="sentences to translate, one per text")
     prefixes: Optional[list[Optional[str]]] = Field(
         None, description="per text, a target prefix to force (null: none)"
+    )
+    # checked by parse_constraints and Glossary.of (a 400 naming the entry), not by types
+    constraints: Any = Field(
+        None,
+        description='per text, phrases its translation must contain (["a", "b"]), or '
+        '{"include": [...], "exclude": [...]} (phrases it must not contain), or null',
+        json_schema_extra={"type": "array", "items": CONSTRAINTS_SCHEMA},
+    )
+    glossary: Any = Field(
+        None,
+        description="source term -> target term: the target term of each term found in a "
+        "text must be in its translation (over the model's own glossary)",
+        json_schema_extra={"type": "object", "additionalProperties": {"type": "string"}},
     )
     return_scores: bool = Field(False, description="scores per translation and per piece")
     return_alignment: bool = Field(False, description="(source, target) piece alignments")
@@ -102,8 +136,10 @@ def router(service: Service) -> APIRouter:
         body: TranslateBody, request: Request, authorization: Optional[str] = Header(None)
     ) -> JSONResponse:
         _check(service, body, request, authorization)
-        chars = sum(len(p) for p in body.prefixes or [] if p)
+        chars = json_chars([body.prefixes, body.constraints, body.glossary])
         service.check_size("texts", body.texts, extra_chars=chars)
+        constraints = request_constraints(body.constraints, len(body.texts))
+        glossary = request_glossary(body.glossary)
         model = service.find(body.model, body.source, body.target)
         search = service.search(model, {k: getattr(body, k) for k in REQUEST_SEARCH_OPTIONS})
         pieces = service.source_pieces[model.name] if body.return_attention else None
@@ -113,6 +149,8 @@ def router(service: Service) -> APIRouter:
             translations_of(body.return_scores, body.return_alignment, pieces),
             search=search,
             prefixes=body.prefixes,
+            constraints=constraints,
+            glossary=glossary,
             alignment=body.return_alignment or body.return_attention,
         )
         return JSONResponse(

@@ -1,6 +1,7 @@
 """Run the app under uvicorn: `serve(cfg) -> exit code`.
 
-The socket is bound first (a port in use is a one-line error at once), the models load
+The checkpoints are found and the glossaries read, then the socket is bound (a missing
+file, a bad glossary line or a port in use is a one-line error at once), the models load
 while the server already answers (/health says when they are ready), and SIGTERM or
 Ctrl-C stop it gracefully: no new connections, the requests in flight are answered (for
 up to shutdown_timeout seconds), those still waiting then get a JSON 503 and their work
@@ -30,6 +31,7 @@ from nmt.generation.translator import checkpoint_paths
 from nmt.serving.access_log import RedactSecrets
 from nmt.serving.app import create_app
 from nmt.serving.config import ServeConfig
+from nmt.serving.models import read_glossaries
 from nmt.serving.protocol import HttpLimits, protocol_class, raise_open_file_limit
 
 log = logging.getLogger("nmt.serving")
@@ -113,6 +115,7 @@ def serve(cfg: ServeConfig) -> int:
         for path in checkpoint_paths(spec.checkpoint):
             if not Path(path).is_file():
                 raise NmtError(f"{path}: checkpoint not found; check the path")
+    read_glossaries(cfg)  # a bad line stops the server before it binds (read again to load)
     sock = bind(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
     failure: list[BaseException] = []

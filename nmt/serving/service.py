@@ -20,8 +20,9 @@ from typing import Any
 from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.encoding import PieceNames, target_ids
-from nmt.generation.translator import TargetScore
-from nmt.serving.batching import SCORE, Closed, Expired, Job, Overloaded, QueueFull
+from nmt.generation.terminology import Glossary, TextConstraints, parse_constraints
+from nmt.generation.translator import TargetScore, Translation
+from nmt.serving.batching import SCORE, Closed, Expired, Invalid, Job, Overloaded, QueueFull
 from nmt.serving.config import ServeConfig
 from nmt.serving.disconnect import client_gone
 from nmt.serving.errors import ApiError, bad_request, too_large
@@ -156,13 +157,16 @@ class Service:
         *,
         search: SearchConfig,
         prefixes: Sequence[str | None] | None = None,
+        constraints: Sequence[TextConstraints | None] | None = None,
+        glossary: Glossary | None = None,
         alignment: bool = False,
         where: str = "texts",
     ) -> Answer:
         """Translate `texts` (each one sentence) with `search` (Service.search: up to
         search.nbest translations each) through the model's queue; `finish(job)` builds
         the answer from job.results (hypotheses per text) in the worker (texts_of,
-        translations_of)."""
+        translations_of). `constraints` (one per text, request_constraints) and the
+        request's `glossary` (request_glossary), which goes over the model's."""
         if prefixes is not None and len(prefixes) != len(texts):
             raise bad_request(
                 f"prefixes: {len(prefixes)} of them for {len(texts)} texts; give one "
@@ -173,6 +177,9 @@ class Service:
             texts=texts,
             search=search,
             prefixes=prefixes,
+            constraints=constraints,
+            glossary=glossary,
+            model_glossary=model.glossary,
             alignment=alignment,
             where=where,
             finish=finish,
@@ -246,6 +253,8 @@ class Service:
         if answer in done:
             try:
                 value = answer.result()
+            except Invalid as exc:  # a constraint the model cannot take
+                raise bad_request(str(exc)) from None
             except NmtError as exc:  # a line the model refuses (overlong=error)
                 raise too_large(str(exc)) from None
             except Closed:
@@ -268,6 +277,58 @@ class Service:
         )
 
 
+# -- a request's terminology -----------------------------------------------------------
+
+
+def request_constraints(value: Any, texts: int) -> list[TextConstraints | None] | None:
+    """A request's `constraints`: one entry per text (a list of phrases, {"include":
+    [...], "exclude": [...]}, or null), parsed as Translator.translate_batch parses its
+    own; a 400 naming the entry (`constraints[2]: ...`) for what it cannot be."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad_request(
+            "constraints: not a list; give one entry per text: a list of phrases, "
+            '{"include": [...], "exclude": [...]}, or null'
+        )
+    if len(value) != texts:
+        raise bad_request(
+            f"constraints: {len(value)} of them for {texts} texts; give one entry (or null) "
+            "per text"
+        )
+    try:
+        return [
+            None if c is None else parse_constraints(c, f"constraints[{i}]")
+            for i, c in enumerate(value)
+        ]
+    except NmtError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def request_glossary(value: Any) -> Glossary | None:
+    """A request's `glossary`: a JSON object, source term -> target term; a 400 saying
+    what is wrong with it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_request('glossary: not a JSON object; give {"source term": "target term"}')
+    try:
+        return Glossary.of(value)  # its errors name the entry: glossary["term"]: ...
+    except NmtError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def json_chars(value: Any) -> int:
+    """Characters of the strings (object keys too) in a parsed JSON value."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(len(str(k)) + json_chars(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(json_chars(v) for v in value)
+    return 0
+
+
 # -- answers, built by the model's worker (Job.finish) ----------------------------------
 
 
@@ -286,12 +347,16 @@ def translations_of(
 
     def finish(job: Job) -> list[dict]:
         translator = job.translator
+        constrained = job.constraint_ids is not None
+        wanted = job.constraint_ids or [None] * len(job.sources)
         out = []
-        for src, hyps in zip(job.sources, job.results):
+        for src, hyps, constraints in zip(job.sources, job.results, wanted):
             translations = translator.translations(
-                hyps, len(src), scores=scores, alignment=alignment
+                hyps, len(src), scores=scores, alignment=alignment, constraints=constraints
             )
-            result: dict[str, Any] = {"translations": [_translation(t) for t in translations]}
+            result: dict[str, Any] = {
+                "translations": [_translation(t, constrained) for t in translations]
+            }
             if attention is not None:
                 result["attention"] = _attention(job, src, hyps, attention)
             out.append(result)
@@ -313,13 +378,16 @@ def target_scores(job: Job) -> list[TargetScore]:
     ]
 
 
-def _translation(t) -> dict:
+def _translation(t: Translation, constrained: bool) -> dict:
+    """A Translation as JSON; `constrained`: its request had constraints or a glossary."""
     out: dict[str, Any] = {"text": t.text, "pieces": t.pieces}
     if t.score is not None:  # JSON has no -inf: null (a search that every rule forbade)
         out["score"] = _finite(t.score)
-        out["token_scores"] = [_finite(s) for s in t.token_scores]
+        out["token_scores"] = [_finite(s) for s in t.token_scores or []]
     if t.alignment is not None:
         out["alignment"] = [list(pair) for pair in t.alignment]
+    if constrained:
+        out["constraints_met"] = t.constraints_met
     return out
 
 

@@ -25,6 +25,27 @@ def train_checkpoint(data_dir: Path, run: Path) -> Path:
     return run / "checkpoint_last.pt"
 
 
+def nmt_generate(checkpoint: Path, lines: list[str], folder: Path, *args: str) -> list[str]:
+    """nmt-generate's translations of `lines` (SEARCH_ARGS, one CPU thread, `args` over
+    them), as the console command writes them (files in `folder`)."""
+    (folder / "in.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    subprocess.run(
+        [
+            str(NMT_SERVE.parent / "nmt-generate"),
+            f"checkpoint={checkpoint}",
+            f"input={folder / 'in.en'}",
+            f"output={folder / 'out.de'}",
+            "device=cpu",
+            "threads=1",
+            *SEARCH_ARGS,
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return (folder / "out.de").read_text(encoding="utf-8").splitlines()
+
+
 class ServeProcess:
     """`nmt-serve checkpoint=... port=0 device=cpu threads=1 ...` started and ready."""
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import random
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.serve_process import SEARCH_ARGS, ServeProcess, train_checkpoint
+from tests.integration.serve_process import (
+    ServeProcess,
+    nmt_generate,
+    train_checkpoint,
+)
 
 PAIR = {"source": "en", "target": "de"}
 
@@ -43,22 +45,7 @@ def lines(demo_corpus) -> list[str]:
 @pytest.fixture(scope="module")
 def offline(checkpoint, lines, tmp_path_factory) -> list[str]:
     """nmt-generate's translations of `lines`, as the console command writes them."""
-    folder = tmp_path_factory.mktemp("serve-offline")
-    (folder / "in.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "nmt-generate"),
-            f"checkpoint={checkpoint}",
-            f"input={folder / 'in.en'}",
-            f"output={folder / 'out.de'}",
-            "device=cpu",
-            "threads=1",
-            *SEARCH_ARGS,
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return (folder / "out.de").read_text(encoding="utf-8").splitlines()
+    return nmt_generate(checkpoint, lines, tmp_path_factory.mktemp("serve-offline"))
 
 
 def _batches(url: str) -> tuple[float, float]:
