@@ -27,6 +27,7 @@ MODULES = [
     "ctranslate2",
     "fairseq_generate",
     "train_paired",
+    "constraints",
     "generate_paired",
     "scale",
     "serve",
