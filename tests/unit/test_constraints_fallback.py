@@ -280,10 +280,11 @@ def test_cuda_fallbacks_match_cpu(model):
 
 def test_trained_model_fallbacks(tiny_trained_checkpoint, demo_corpus):
     """A one-piece phrase that is banned too: each sentence's n-best list is the plain
-    search's (that piece banned), unmet, batched or one by one. A phrase of
-    50 pieces (the limits are 28 at most): each sentence's best is unmet and ended by the
-    model's choice, as the plain search's does, with the model's own token scores (EOS
-    included)."""
+    search's (that piece banned), unmet, batched or one by one. A phrase of 50 pieces
+    (the limits are 28 at most) enters the beam, so what ends differs from the plain
+    search (no theorem here, what this model does): each best is unmet, ended by the
+    model's choice wherever the plain search's did (before fallbacks: at the limit),
+    with the model's own token scores, EOS included (forced decoding)."""
     texts = (demo_corpus / "test.en").read_text(encoding="utf-8").splitlines()[:16]
     kw = dict(device="cpu", beam=4, nbest=4, max_len_a=1.2, max_len_b=10)
     translator = Translator.from_checkpoint(tiny_trained_checkpoint, **kw)
