@@ -23,6 +23,13 @@ that do not end, as without constraints. EOS is forbidden to rows with an unmet 
 ends with `constraints_met` False. A sentence without constraints sees the plain top 2K
 in its first columns, in order (stable sorts, one bank): it decodes as without them.
 
+The endings `block_eos` forbids are kept aside (`endings`): those the plain search would
+have filed (EOS among a sentence's top K candidates, fairseq's rule) the generator files
+apart, K slots per sentence, in case no hypothesis meets the phrases within the length
+limit. The sentence then lists what the plain search would have listed of what was
+found: those complete translations and, in the slots they left free, the ones cut off at
+the limit, by score.
+
 Banned phrases are a rule on the log-probs (`BannedPhrases`): a row whose history ends
 with all of a phrase but its last token may not produce that token.
 """
@@ -172,6 +179,15 @@ class PhraseState(NamedTuple):
         return PhraseState(self.progress.gather(1, index), self.met.gather(1, index))
 
 
+class Endings(NamedTuple):
+    """The endings (EOS) `block_eos` forbade at one step, per sentence [N,K] best first."""
+
+    scores: Tensor  # [N,K] cumulative log-probs, EOS included (-inf: none)
+    lprobs: Tensor  # [N,K] the EOS log-prob (the model's, before block_eos)
+    origins: Tensor  # [N,K] the row (0..K-1) each ends
+    eligible: Tensor  # [N,K] bool: among the sentence's top K candidates, had EOS been free
+
+
 class RequiredPhrases:
     """The required phrases of one batch and their state in each row (module docstring)."""
 
@@ -195,6 +211,8 @@ class RequiredPhrases:
             torch.zeros(n, beam, p, dtype=torch.long, device=lengths.device),
             lengths.eq(0).unsqueeze(1).expand(n, beam, p).clone(),
         )
+        # [R] the EOS log-probs block_eos took away at the current step (-inf: none)
+        self.blocked = torch.full((n * beam,), NEG_INF, device=lengths.device)
 
     @classmethod
     def of(
@@ -219,7 +237,23 @@ class RequiredPhrases:
     def block_eos(self, lprobs: Tensor, step: int, tokens: Tensor) -> None:
         """A rule (processors.py): no EOS for rows lprobs [R,V] with an unmet phrase."""
         unmet = ~self.rows.complete().view(-1)  # [R]
-        lprobs[:, EOS].masked_fill_(unmet, NEG_INF)
+        eos = lprobs[:, EOS]  # [R] a view: the earlier rules applied (min length, ...)
+        self.blocked = torch.where(unmet, eos, NEG_INF)  # kept before the mask (endings)
+        eos.masked_fill_(unmet, NEG_INF)
+
+    def endings(self, scores: Tensor, plain_scores: Tensor) -> Endings:
+        """The endings block_eos forbade at this step: scores [N,K] of the rows,
+        plain_scores [N,C] the step's plain candidates (beam_candidates, best first, EOS
+        forbidden). An ending is eligible where the plain search with EOS free would
+        have filed it: fewer than K candidates (plain ones or other endings) before it."""
+        n, k = scores.shape
+        ends, origins = (scores + self.blocked.view(n, k)).sort(
+            dim=1, descending=True, stable=True
+        )  # [N,K] each
+        lprobs = self.blocked.view(n, k).gather(1, origins)
+        before = plain_scores.unsqueeze(1).gt(ends.unsqueeze(2)).sum(dim=2)  # [N,K]
+        before += torch.arange(k, device=scores.device)  # the better endings
+        return Endings(ends, lprobs, origins, before.lt(k) & ends.gt(NEG_INF))
 
     def advance(self, origins: Tensor, tokens: Tensor) -> PhraseState:
         """The state of each candidate [N,M]: row origins [N,M] (0..K-1) followed by

@@ -17,9 +17,9 @@ beam allocation to the selection; without them those phases are the plain search
 
 On a GPU the host reads the device once per batch before decoding (the length limits and
 whether sources are padded) and once per step (how many sentences are done, the shortest
-remaining limit, how many hypotheses finished), in one small transfer each: every
-other decision is made with tensors, so the GPU's queue never runs dry waiting for the
-host in between. (A sentence's hypotheses and the rows that stay are found with a
+remaining limit, how many hypotheses finished, and with required phrases how many
+fallbacks), in one small transfer each: every other decision is made with tensors, so the
+GPU's queue never runs dry waiting for the host in between. (A sentence's hypotheses and the rows that stay are found with a
 stable sort, whose output size the host knows, where nonzero() would read the device.)
 """
 
@@ -37,6 +37,7 @@ from nmt.errors import NmtError
 from nmt.generation.config import SearchConfig
 from nmt.generation.constraints import (
     BannedPhrases,
+    Endings,
     PhraseState,
     RequiredPhrases,
     TokenConstraints,
@@ -61,7 +62,9 @@ class Hypothesis:
     score: float  # sum(positional_scores) / T**lenpen
     positional_scores: Tensor  # [T] float: log-probability of each token
     attention: Tensor | None  # [T,S] float: the chosen layer's attention, when requested
-    constraints_met: bool = True  # False: a required phrase is missing (the length limit)
+    # False: a required phrase is missing (it did not fit the length limit); the hypothesis
+    # ended by the model's choice (a fallback) or at the length limit
+    constraints_met: bool = True
 
 
 def true_positions(mask: Tensor, count: int) -> Tensor:
@@ -135,7 +138,12 @@ class _Member:
 
 
 class _Finished:
-    """Finished hypotheses of a batch: K slots per sentence, filled in the order they end."""
+    """Finished hypotheses of a batch: K slots per sentence, filled in the order they end.
+
+    With required phrases, `fallbacks` holds apart the endings a missing phrase forbade,
+    filed as the plain search files its own (EOS among a sentence's top K, K slots): a
+    sentence none of whose hypotheses meets its phrases lists them, as the plain search
+    would, with those the length limit ended in the slots they left free."""
 
     def __init__(
         self,
@@ -160,6 +168,9 @@ class _Finished:
         # [B,K] bool: the hypothesis has every required phrase (with constraints only)
         self.met = (
             None if required is None else torch.zeros(bsz, k, dtype=torch.bool, device=device)
+        )
+        self.fallbacks = (
+            None if required is None else _Finished(bsz, k, longest, src_len, want_attn, device)
         )
 
     def slots(self, sent: Tensor, finishing: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -213,18 +224,25 @@ class _Finished:
 
     def collect(self, nbest: int) -> list[list[Hypothesis]]:
         """Per sentence, its nbest hypotheses, best first (on the CPU); with
-        constraints, those that have every required phrase come first."""
-        order = self.scores.argsort(dim=1, descending=True, stable=True)
+        constraints, those that have every required phrase come first (`_met_first`)."""
+        parts = [self] if self.fallbacks is None else [self, self.fallbacks]
+        scores = torch.cat([p.scores for p in parts], dim=1)  # [B,K'] K' = K or 2K
+        lengths = torch.cat([p.lengths for p in parts], dim=1)  # [B,K'] (0: an empty slot)
+        order = scores.argsort(dim=1, descending=True, stable=True)
         met = None
-        if self.met is not None:  # (an empty slot is unmet, at -inf: still last)
-            order = order.gather(1, (~self.met.gather(1, order)).argsort(dim=1, stable=True))
-            met = self.met.gather(1, order)[:, :nbest].tolist()
+        if self.met is None or self.fallbacks is None:
+            counts = lengths.gt(0).sum(dim=1).tolist()
+        else:
+            order, met_first, listed = self._met_first(order, self.met, self.fallbacks)
+            met, counts = met_first[:, :nbest].tolist(), listed.tolist()
         order = order[:, :nbest]
-        scores = self.scores.gather(1, order).tolist()
-        lengths = self.lengths.gather(1, order).tolist()
-        counts = self.count.tolist()
-        tokens, pos = self.tokens.cpu(), self.pos.cpu()
-        attn = None if self.attn is None else self.attn.cpu()
+        picked_scores = scores.gather(1, order).tolist()
+        picked_lengths = lengths.gather(1, order).tolist()
+        tokens = torch.cat([p.tokens for p in parts], dim=1).cpu()
+        pos = torch.cat([p.pos for p in parts], dim=1).cpu()
+        attn = None
+        if self.attn is not None:
+            attn = torch.cat([p.attn for p in parts if p.attn is not None], dim=1).cpu()
         out = []
         for b, picks in enumerate(order.tolist()):
             if counts[b] == 0:  # every path was forbidden (e.g. n-gram blocking): say nothing
@@ -250,11 +268,28 @@ class _Finished:
                         constraints_met=True if met is None else met[b][i],
                     )
                     for i, (j, score, length) in enumerate(
-                        zip(picks[: counts[b]], scores[b], lengths[b])
+                        zip(picks[: counts[b]], picked_scores[b], picked_lengths[b])
                     )
                 ]
             )
         return out
+
+    def _met_first(
+        self, order: Tensor, met: Tensor, fallbacks: _Finished
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """order [B,2K]: this one's slots and then the fallbacks', by score; met [B,K]
+        this one's flags. Returns the order with the met hypotheses first, then those
+        the plain search would have listed: the fallbacks, and those the length limit
+        ended (this one's unmet hypotheses) in the slots the fallbacks left free, best
+        first (the others last); the met flags [B,2K] in that order; how many are
+        listed [B]."""
+        filled = torch.cat([self.lengths, fallbacks.lengths], dim=1).gt(0).gather(1, order)
+        met = torch.cat([met, torch.zeros_like(met)], dim=1).gather(1, order)  # [B,2K]
+        cut = filled & ~met & order.lt(self.k)  # [B,2K] ended by the length limit
+        free = (self.k - fallbacks.count).unsqueeze(1)  # [B,1]
+        listed = filled & ~(cut & cut.cumsum(dim=1).gt(free))  # [B,2K]
+        again = torch.where(met, 0, torch.where(listed, 1, 2)).argsort(dim=1, stable=True)
+        return order.gather(1, again), met.gather(1, again), listed.sum(dim=1)
 
 
 @dataclass(eq=False)
@@ -294,6 +329,7 @@ class _Selection(NamedTuple):
     next_lprobs: Tensor  # [N,K]
     complete: Tensor | None = None  # [N,C] bool: has every required phrase (constraints)
     next_phrases: PhraseState | None = None  # [N,K,P] the continuing rows' phrase states
+    endings: Endings | None = None  # [N,K] the endings a missing phrase forbade
 
 
 class _Progress(NamedTuple):
@@ -398,9 +434,12 @@ class SequenceGenerator:
 
         `constraints`: one entry per sentence (None or an empty TokenConstraints: none),
         target-id phrases that must appear in its hypotheses and phrases that must not
-        (beam search only; constraints.py). A hypothesis that could not include a required
-        phrase within the length limit has `constraints_met` False; n-best lists put those
-        that have every one first."""
+        (beam search only; constraints.py). n-best lists put the hypotheses that have
+        every required phrase first. A sentence without one (none fit the length limit)
+        lists what the plain search would have of what was found: the hypotheses that
+        ended by the model's choice, filed as the plain search files them, and in the
+        slots they left free those the length limit ended, by score, each with
+        `constraints_met` False."""
         nbest = self.search.nbest if nbest is None else nbest
         attn_layer = self.attn_layer if attn_layer is None else attn_layer
         wanted = active(constraints, src_tokens.size(0))
@@ -558,8 +597,9 @@ class SequenceGenerator:
             cand = sample_candidates(lp3, state.scores, s.sampling_topk, s.sampling_topp, self.rng)
         else:
             cand = beam_candidates(lp3, state.scores)
-        phrases = None
+        phrases = endings = None
         if state.required is not None:  # with the required phrases' beam allocation
+            endings = state.required.endings(state.scores, cand[0])
             cand, phrases = state.required.candidates(lp3, state.scores, cand)
         scores, tokens, origins = cand  # [N,C]
         cand_lp = lprobs.view(n, -1).gather(1, origins * lp3.size(2) + tokens)  # [N,C]
@@ -583,6 +623,7 @@ class SequenceGenerator:
             cand_lp.gather(1, pick),
             None if phrases is None else phrases.complete(),
             None if phrases is None else phrases.take(pick),
+            endings,
         )
 
     def _finish(
@@ -610,21 +651,61 @@ class SequenceGenerator:
         reads = [done.sum(), state.max_lens.masked_fill(done, self.max_positions).min()]
         if accepted is not None:
             reads.append(accepted.sum())
+        fallback = self._fallback_slots(state, step, chosen.endings, gone)
+        if fallback is not None:
+            reads.append(fallback[2].sum())
         # The step's one read: sentences done, the others' shortest limit, hypotheses
-        # finishing; what the host needs to steer the batch.
-        n_done, min_left, *n_accepted = torch.stack(reads).tolist()
-        if accepted is not None and n_accepted[0]:
+        # finishing (and fallbacks); what the host needs to steer the batch.
+        n_done, min_left, *n_filed = torch.stack(reads).tolist()
+        n_accepted = n_filed.pop(0) if accepted is not None else 0
+        n_fallbacks = n_filed.pop(0) if fallback is not None else 0
+        history = (state.tokens, state.pos_scores, state.attn_hist)
+        if accepted is not None and n_accepted:
             finished.add(
                 step,
                 sent,
-                (accepted, slots, n_accepted[0]),
+                (accepted, slots, n_accepted),
                 (chosen.lprobs, chosen.scores, chosen.origins),
-                (state.tokens, state.pos_scores, state.attn_hist),
+                history,
                 step_attn,
                 self.search.lenpen,
                 chosen.complete,
             )
+        if fallback is not None and n_fallbacks:
+            pool, ends, fallback_mask, fallback_slots = fallback
+            pool.add(
+                step,
+                sent,
+                (fallback_mask, fallback_slots, n_fallbacks),
+                (ends.lprobs, ends.scores, ends.origins),
+                history,
+                step_attn,
+                self.search.lenpen,
+            )
         return _Progress(done, n_done, min_left, gone is not None)
+
+    def _fallback_slots(
+        self, state: _BatchSearch, step: int, endings: Endings | None, gone: Tensor | None
+    ) -> tuple[_Finished, Endings, Tensor, Tensor] | None:
+        """The endings a missing phrase forbade to file as fallbacks, as the plain search
+        files its own (the eligible ones, while a slot is free): (the fallbacks, the
+        endings, accepted [N,K], slots [N,K]); None when there are none (surely so: on a
+        CPU, where reading is free, or without required phrases). A row pinned to a
+        prefix token or to EOS (the length limit) did not choose: it is no fallback."""
+        fallbacks = state.finished.fallbacks
+        if endings is None or fallbacks is None:
+            return None
+        free = state.max_lens.gt(step)  # [N] the rows choose their token
+        prefix = state.forced.prefix
+        if prefix is not None and step < prefix.size(1):
+            free &= prefix[:, step].eq(PAD)
+        if gone is not None:
+            free &= ~gone
+        eligible = endings.eligible & free.unsqueeze(1)  # [N,K]
+        if state.on_cpu and not bool(eligible.any()):
+            return None
+        accepted, slots, _ = fallbacks.slots(state.sent, eligible)
+        return fallbacks, endings, accepted, slots
 
     def _reorder(
         self,

@@ -217,6 +217,17 @@ def test_batch_composition_never_changes_a_constrained_translation(model, beam):
         for c in random_required(rng, len(sources))
     ]
     gen = SequenceGenerator([model], SearchConfig(**dict(SEARCH, beam=beam, nbest=beam)))
+    batching_changes_nothing(gen, model, sources, constraints)
+
+
+def batching_changes_nothing(
+    gen: SequenceGenerator,
+    model: Transformer,
+    sources: list[torch.Tensor],
+    constraints: list[TokenConstraints | None],
+) -> None:
+    """Each sentence alone, in the batch of them all, or in reverse order: the same
+    hypotheses (scores within the model's rounding)."""
     together = gen.generate(padded(sources), constraints=constraints)
     reordered = gen.generate(padded(sources[::-1]), constraints=constraints[::-1])[::-1]
     tolerance = logprob_tolerance(model, pairs(sources, together))
@@ -281,8 +292,18 @@ def test_stopped_sentences_leave_and_the_others_decode_alike(model):
     """Sentences no longer wanted (`stopped`) leave a constrained batch at once; the
     phrase states of those that stay follow them."""
     sources = random_sources([6, 11, 3, 8, 9], seed=12)
-    constraints = random_required(random.Random(6), len(sources))
     gen = SequenceGenerator([model], SearchConfig(**SEARCH))
+    stop_two_of_five(gen, model, sources, random_required(random.Random(6), len(sources)))
+
+
+def stop_two_of_five(
+    gen: SequenceGenerator,
+    model: Transformer,
+    sources: list[torch.Tensor],
+    constraints: list[TokenConstraints | None],
+) -> list[list[Hypothesis]]:
+    """Sentences 1 and 3 of five are no longer wanted from the third step on: the others
+    get what they get in the full batch (checked). Returns the hypotheses of that run."""
     full = gen.generate(padded(sources), constraints=constraints)
     gone = torch.tensor([False, True, False, True, False])
     calls = []
@@ -299,11 +320,14 @@ def test_stopped_sentences_leave_and_the_others_decode_alike(model):
         assert [h.score for h in found[i]] == pytest.approx(
             [h.score for h in full[i]], abs=tolerance
         )
+    return found
 
 
 def test_a_constraint_beyond_the_length_limit(model):
-    """A phrase longer than the limit: the best hypotheses that did complete, with
-    constraints_met False, and no crash; its sentence's neighbours are not affected."""
+    """A phrase longer than the limit: hypotheses with constraints_met False, and no
+    crash; its sentence's neighbours are not affected. (This random model never chooses
+    EOS, so all three are those the limit ended; test_constraints_fallback.py has the
+    hypotheses that end by the model's choice.)"""
     sources = random_sources([4, 6], seed=8)
     gen = SequenceGenerator([model], SearchConfig(beam=3, nbest=3, max_len_a=0, max_len_b=5))
     too_long = TokenConstraints(include=(tuple(range(10, 17)),))  # 7 words, limit 5
@@ -364,6 +388,13 @@ def test_cuda_matches_cpu(model):
         TokenConstraints(include=c.include, exclude=((rng.randint(4, 39),),)) if c else None
         for c in random_required(rng, len(sources))
     ]
+    cuda_matches_cpu(model, sources, constraints)
+
+
+def cuda_matches_cpu(
+    model: Transformer, sources: list[torch.Tensor], constraints: list[TokenConstraints | None]
+) -> None:
+    """The same hypotheses on the GPU as on the CPU (scores within 1e-3)."""
     search = SearchConfig(**SEARCH)
     on_cpu = SequenceGenerator([model], search).generate(padded(sources), constraints=constraints)
     on_gpu = SequenceGenerator([copy.deepcopy(model).cuda()], search).generate(
