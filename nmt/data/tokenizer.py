@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import sentencepiece as spm
 
+from nmt.data.segmentations import SEGMENTATIONS, WORD_START, PieceIndex, Spellings
 from nmt.errors import NmtError
 from nmt.fsutil import atomic_write_text
 from nmt.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
@@ -45,6 +46,7 @@ class Tokenizer:
         except Exception as exc:
             raise NmtError(f"{name}: not a SentencePiece model ({_first_line(exc)})") from exc
         self.vocab_size: int = self._sp.get_piece_size()
+        self._piece_index: PieceIndex | None = None  # built when segmentations() needs it
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -101,6 +103,61 @@ class Tokenizer:
     def pieces(self) -> list[str]:
         """Every piece, in id order (piece i has id i)."""
         return self._sp.id_to_piece(list(range(self.vocab_size)))
+
+    def normalized(self, text: str, word_start: bool = True) -> str:
+        """`text` as SentencePiece's normalizer hands it to segmentation: whitespace as
+        "▁", with the "▁" that marks a word start ("rote Mütze" -> "▁rote▁Mütze");
+        word_start=False: without that first "▁" ("rote▁Mütze": the text glued to what
+        precedes it, as after "(" or as a translation's first piece)."""
+        normalized = self._sp.normalize(text)
+        if not word_start and normalized.startswith(WORD_START):
+            return normalized[len(WORD_START) :]
+        return normalized
+
+    def segmentations(
+        self, text: str, limit: int = SEGMENTATIONS, *, word_start: bool = True
+    ) -> list[tuple[int, ...]]:
+        """The id sequences whose pieces spell exactly `normalized(text, word_start)`,
+        at most `limit` of them: with word_start, the tokenizer's own (encode) first;
+        then the others by number of pieces, fewest first (ties: longer pieces first).
+        `segmentation_count` says how many there are; [] when the vocabulary cannot
+        write the text. The pieces a spelling may use: nmt.data.segmentations.PieceIndex
+        (normal and user-defined ones; byte pieces only for a character without a piece).
+        """
+        if limit < 1:
+            raise ValueError(f"limit={limit}: give at least 1")
+        spellings = self._spellings(self.normalized(text, word_start))
+        found: dict[tuple[int, ...], None] = {}  # in order, each once
+        if word_start and spellings.count():
+            canonical = tuple(self.encode(text))
+            if UNK not in canonical:
+                found[canonical] = None
+        for ids in spellings.fewest_first():
+            if len(found) == limit:
+                break
+            found.setdefault(ids, None)
+        return list(found)
+
+    def segmentation_count(self, text: str, *, word_start: bool = True) -> int:
+        """How many id sequences spell `normalized(text, word_start)` (segmentations)."""
+        return self._spellings(self.normalized(text, word_start)).count()
+
+    def byte_spellings(self, text: str) -> list[tuple[int, ...]]:
+        """The byte-piece spelling of each character of `normalized(text)` that has a
+        piece of its own, each once, in order: ids the tokenizer never writes (it falls
+        back to bytes only for characters without a piece), that a model may still
+        produce; [] without byte pieces."""
+        index = self._index()
+        chars = [c for c in dict.fromkeys(self.normalized(text)) if c in index.pieces]
+        return [spelled for spelled in map(index.byte_spelling, chars) if spelled]
+
+    def _spellings(self, normalized: str) -> Spellings:
+        return self._index().spellings(normalized)
+
+    def _index(self) -> PieceIndex:
+        if self._piece_index is None:
+            self._piece_index = PieceIndex(self._sp)
+        return self._piece_index
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; bos, pad, eos and unk are dropped. Accepts lists, arrays, tensors."""

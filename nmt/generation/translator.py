@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ import torch
 from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.errors import NmtError
+from nmt.generation.banned import Banned, banned_spellings, without_redundant
 from nmt.generation.config import SearchConfig, check_batching, check_min_len
 from nmt.generation.constraints import TokenConstraints, active, check_constraints
 from nmt.generation.encoding import (
@@ -173,6 +175,7 @@ class Translator:
         self._fit_source = self.source_encoder("sources").fit
         self._fit_target = self.target_encoder("targets").fit
         self._lock = threading.Lock()
+        self._banned = functools.lru_cache(maxsize=1024)(self._spellings_to_ban)
 
     @classmethod
     def from_checkpoint(
@@ -309,12 +312,15 @@ class Translator:
         glossary: Glossary | None,
     ) -> TokenConstraints | None:
         """One sentence's constraints as target ids, for translate_ids: the include
-        phrases with the target terms of the glossary terms `source` contains, and the
-        exclude phrases, each as the target tokenizer segments it (normalized as targets
-        are); None when there are none. An include phrase the target vocabulary cannot
-        write (it encodes to nothing or holds <unk>) is an NmtError naming it, as is one
-        that contains an exclude phrase; an exclude phrase holding <unk> is left out (no
-        translation can contain it: <unk> decodes to nothing)."""
+        phrases with the target terms of the glossary terms `source` contains, each as
+        the target tokenizer segments it (normalized as targets are), and the exclude
+        phrases in every spelling a translation could hold them in (nmt.generation.banned:
+        where a word starts and glued to what precedes it; the fewest-piece ones of a
+        phrase with very many, with a warning); None when there are none. An include
+        phrase the target vocabulary cannot write (it encodes to nothing or holds <unk>)
+        is an NmtError naming it, as is one whose ids hold a banned spelling of an exclude
+        phrase; an exclude phrase the vocabulary cannot write is left out (no translation
+        can contain it)."""
         include: dict[tuple[int, ...], str] = {}  # ids -> the phrase, in order, each once
         exclude: dict[tuple[int, ...], str] = {}
         for phrase in constraints.include if constraints else ():
@@ -324,8 +330,7 @@ class Translator:
             what = f"{term.where}: target term {_quoted(term.target)}"
             include.setdefault(self._phrase_ids(term.target, what), term.target)
         for phrase in constraints.exclude if constraints else ():
-            ids = self._encode_target(phrase)
-            if ids and UNK not in ids:
+            for ids in self._exclude_ids(phrase):
                 exclude.setdefault(ids, phrase)
         for inc, phrase in include.items():
             for exc, banned in exclude.items():
@@ -336,11 +341,34 @@ class Translator:
                     )
         if not include and not exclude:
             return None
-        return TokenConstraints(include=tuple(include), exclude=tuple(exclude))
+        kept = without_redundant(list(exclude))  # ("▁", "Mann") holds ("Mann",): one is enough
+        return TokenConstraints(include=tuple(include), exclude=tuple(kept))
 
     def _encode_target(self, phrase: str) -> tuple[int, ...]:
         """A target phrase's ids, as a translation's pieces would hold it."""
         return tuple(self.tgt_tokenizer.encode(normalize_text(phrase, self.nfkc)))
+
+    def _exclude_ids(self, phrase: str) -> tuple[tuple[int, ...], ...]:
+        """The target-id phrases to ban for an exclude phrase."""
+        return self._banned(normalize_text(phrase, self.nfkc)).spellings
+
+    def _spellings_to_ban(self, text: str) -> Banned:
+        """banned_spellings of a normalized exclude phrase, with a warning when it has
+        more spellings than are banned (cached as _banned: phrases recur from line to
+        line, and nmt-generate checks every line before translating it)."""
+        banned = banned_spellings(self.tgt_tokenizer, text)
+        if not banned.complete:
+            log.warning(
+                "exclude phrase %s: %d of its %d spellings in target pieces are banned, "
+                "every one in up to %d pieces (the tokenizer's: %d); a translation could "
+                "still hold it in more",
+                _quoted(text),
+                banned.banned,
+                banned.total,
+                banned.fewest_left - 1,
+                len(banned.spellings[0]),
+            )
+        return banned
 
     def _phrase_ids(self, phrase: str, what: str) -> tuple[int, ...]:
         """An include phrase's ids; NmtError naming it (`what`) if the target vocabulary
