@@ -9,6 +9,7 @@ empty, an over-long one is truncated with a warning (or refused, on request).
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +55,28 @@ class Source:
 def print_warning(message: str) -> None:
     """A warning on stderr that does not break a running progress bar."""
     tqdm.write(f"nmt-generate: warning: {message}", file=sys.stderr)
+
+
+class _WarningsAsPrinted(logging.Handler):
+    """Log records of the library shown as nmt-generate's own warnings."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print_warning(record.getMessage())
+
+
+@contextmanager
+def library_warnings_printed() -> Iterator[None]:
+    """While it lasts, warnings the library logs (logger `nmt.generation`, e.g. an exclude
+    phrase with more spellings than are banned) print as `nmt-generate: warning: ...`."""
+    logger = logging.getLogger("nmt.generation")
+    handler, propagate = _WarningsAsPrinted(logging.WARNING), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # once, as ours, not again by the root logger
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def print_note(message: str) -> None:

@@ -33,6 +33,7 @@ from nmt.generation.io import (
     Source,
     SourceEncoder,
     check_text_file,
+    library_warnings_printed,
     open_output,
     print_note,
     print_warning,
@@ -52,6 +53,11 @@ Step = Callable[[list[Source]], list[list[Hypothesis]]]
 
 def generate(cfg: GenerateConfig) -> int:
     """Run nmt-generate as `cfg` says; returns the exit code (0)."""
+    with library_warnings_printed():
+        return _generate(cfg)
+
+
+def _generate(cfg: GenerateConfig) -> int:
     cfg.validate()
     # Everything about the inputs that can be known without the model is checked first:
     # a mistake costs no model loading, and nothing is written before it is found.

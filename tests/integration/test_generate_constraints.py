@@ -267,3 +267,21 @@ def test_options_that_cannot_take_constraints_are_refused(tmp_path, nmt_cli, ext
     )
     assert code == 2 and err.startswith("nmt-generate: error: constraints=") and needle in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_phrase_with_more_spellings_than_are_banned_is_one_warning(
+    tiny_trained_checkpoint, tmp_path
+):
+    """The library's warning (logged) reaches the user as nmt-generate's own, once."""
+    lines = write_lines(tmp_path / "in.en", demo(3))
+    word = {"exclude": ["achthundertdreiundvierzig"]}  # a compound: thousands of spellings
+    constraints = write_lines(tmp_path / "c.jsonl", [json.dumps(word)] * 3)
+    run = nmt_generate(
+        tiny_trained_checkpoint, f"input={lines}", f"output={tmp_path / 'out.de'}",
+        f"constraints={constraints}",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    warnings = [x for x in run.stderr.splitlines() if "exclude phrase" in x]
+    assert len(warnings) == 1, run.stderr
+    assert warnings[0].startswith('nmt-generate: warning: exclude phrase "achthundert')
+    assert "spellings in target pieces are banned" in warnings[0]
