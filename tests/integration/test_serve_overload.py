@@ -173,8 +173,11 @@ def test_overload_is_refused_at_once_not_timed_out(checkpoint, heavy):
     # about two fit; when the measured speed is off, one more may be admitted, and time
     # out with the one it shares its batches with
     assert len(refused) >= 8 - 4 and len(timed_out) <= 2, described
+    # Refused on arrival: before the first admitted request is answered, which took its
+    # decoding. (Both in this run: a loaded machine slows them alike, where a bound from
+    # the warm-up's speed once failed under load.)
     for answer, seconds in refused:
-        assert seconds < heavy.seconds / 2, described  # refused on arrival
+        assert seconds < min(ok), described
         assert f"request_timeout={timeout:g}: " in answer.json()["error"]
         assert int(answer.headers["Retry-After"]) >= 1
 
