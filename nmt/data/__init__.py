@@ -8,6 +8,7 @@ corpus.py            reading parallel text: line counts, UTF-8 checks, cleaning 
 sampling.py          a bounded, seeded sample of a stream of lines (reservoir sampling)
 tokenizer_setup.py   the data dir's SentencePiece model(s): reused, or trained on a sample
 tokenizer.py         SentencePiece with nmt's special ids; the one text normalization
+segmentations.py     every way a vocabulary's pieces spell a text (banned phrases)
 binarize.py          encoding in worker processes; the .bin/.idx arrays (TokenArray)
 meta.py              meta.json (and config.yaml beside it)
 dataset.py           a split as indexable sentence pairs, memory-mapped
