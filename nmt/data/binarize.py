@@ -6,7 +6,8 @@ uint16 when the vocabulary fits, else int32; a reader infers it from the file si
 
 `encode_split` turns a pair of text files into these arrays: chunks of lines are encoded
 (read, normalize, SentencePiece, clean) in `workers` processes and written in chunk order,
-so the output does not depend on the number of workers.
+so the output does not depend on the number of workers. Duplicate pairs (clean.dedup) are
+dropped as the chunks are written, in order, by the hashes the workers computed.
 """
 
 from __future__ import annotations
@@ -24,15 +25,8 @@ from typing import cast
 
 import numpy as np
 
-from nmt.data.corpus import (
-    CLEAN_RULES,
-    INVALID_UTF8,
-    CleanRules,
-    FileScan,
-    decode_lines,
-    read_chunks,
-    read_lines,
-)
+from nmt.data.cleaning import CleanRules, LanguageFilter, SeenPairs, pair_hashes
+from nmt.data.corpus import INVALID_UTF8, FileScan, decode_lines, read_chunks, read_lines
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.processes import become_child_of, interrupts_deferred
@@ -195,6 +189,12 @@ class ChunkResult:
     tgt_lens: np.ndarray
     removed: dict[str, int]
     bad_utf8: int  # lines with invalid UTF-8 (replaced or skipped)
+    hashes: np.ndarray | None = None  # with clean.dedup: the kept pairs' (pair_hashes)
+
+    def select(self, keep: np.ndarray) -> None:
+        """Keep the pairs `keep` marks (a mask over the kept pairs)."""
+        self.src_ids, self.src_lens = _select(self.src_ids, self.src_lens, keep)
+        self.tgt_ids, self.tgt_lens = _select(self.tgt_ids, self.tgt_lens, keep)
 
 
 @dataclass(frozen=True)
@@ -232,6 +232,7 @@ class _ChunkEncoder:
         joint = settings.tgt_model == settings.src_model
         self.tgt = self.src if joint else Tokenizer(settings.tgt_model)
         self.dtype = np.dtype(settings.dtype)
+        self._languages: LanguageFilter | None = None  # loaded for the first langid task
 
     def __call__(self, task: ChunkTask) -> ChunkResult:
         s = self.settings
@@ -248,16 +249,32 @@ class _ChunkEncoder:
             removed[INVALID_UTF8] = n - len(pairs)
             src_lines, tgt_lines = [a for a, _ in pairs], [b for _, b in pairs]
         # no None is left: the pairs with a skipped line are gone
-        src_ids, src_lens = self._encode(self.src, cast(list[str], src_lines))
-        tgt_ids, tgt_lens = self._encode(self.tgt, cast(list[str], tgt_lines))
+        texts = cast(list[str], src_lines), cast(list[str], tgt_lines)
+        src_ids, src_lens = self._encode(self.src, texts[0])
+        tgt_ids, tgt_lens = self._encode(self.tgt, texts[1])
+        hashes = None
         if task.clean is not None:
             keep, counts = task.clean.apply(src_lens, tgt_lens)
-            removed.update(counts)
+            keep, text_counts = task.clean.apply_text(*texts, keep, self._language_filter(task))
+            removed.update(counts, **text_counts)
             src_ids, src_lens = _select(src_ids, src_lens, keep)
             tgt_ids, tgt_lens = _select(tgt_ids, tgt_lens, keep)
+            if task.clean.dedup:
+                kept = np.flatnonzero(keep)
+                hashes = pair_hashes([texts[0][i] for i in kept], [texts[1][i] for i in kept])
         src_ids, src_lens = _append_eos(src_ids, src_lens)
         tgt_ids, tgt_lens = _append_eos(tgt_ids, tgt_lens)
-        return ChunkResult(n, src_ids, src_lens, tgt_ids, tgt_lens, removed, src_bad + tgt_bad)
+        return ChunkResult(
+            n, src_ids, src_lens, tgt_ids, tgt_lens, removed, src_bad + tgt_bad, hashes
+        )
+
+    def _language_filter(self, task: ChunkTask) -> LanguageFilter | None:
+        rule = task.clean.langid if task.clean is not None else None
+        if rule is None:
+            return None
+        if self._languages is None or self._languages.rule != rule:
+            self._languages = LanguageFilter(rule)
+        return self._languages
 
     def _encode(self, tokenizer: Tokenizer, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Flat ids and per-sentence lengths, built by numpy from SentencePiece's batch output."""
@@ -400,12 +417,18 @@ class Encoder:
         """Write both sides of one split; returns its counts."""
         tasks = _chunk_tasks(src, tgt, chunk_lines, clean)
         dtype = np.dtype(self.settings.dtype)
-        rules = (INVALID_UTF8, *CLEAN_RULES) if clean is not None else (INVALID_UTF8,)
+        rules = (INVALID_UTF8, *clean.names) if clean is not None else (INVALID_UTF8,)
         stats = SplitStats(removed=dict.fromkeys(rules, 0))
+        seen = SeenPairs(src.lines) if clean is not None and clean.dedup else None
         src_out = TokenArrayWriter(out_prefix_src, dtype)
         tgt_out = TokenArrayWriter(out_prefix_tgt, dtype)
         try:
             for result in self._results(tasks):
+                if seen is not None:
+                    assert result.hashes is not None
+                    first = seen.first_seen(result.hashes)
+                    result.select(first)
+                    result.removed["duplicate"] = len(first) - int(first.sum())
                 src_out.add(result.src_ids, result.src_lens)
                 tgt_out.add(result.tgt_ids, result.tgt_lens)
                 stats.lines += result.lines

@@ -35,8 +35,9 @@ from typing import Any
 from tqdm import tqdm
 
 from nmt.data.binarize import Encoder, EncodeSettings, SplitStats, dtype_for_vocab
+from nmt.data.cleaning import CleanRules, LangidRule, check_langid
 from nmt.data.config import InvalidUtf8, PreprocessConfig
-from nmt.data.corpus import CleanRules, FileScan, check_parallel, input_file, scan_file
+from nmt.data.corpus import FileScan, check_parallel, input_file, scan_file
 from nmt.data.join import join_data_dirs
 from nmt.data.meta import (
     CONFIG_FILE,
@@ -92,6 +93,9 @@ def build_data_dir(
     """
     cfg.validate()
     assert cfg.data.dest is not None  # validate() requires it
+    rules = clean_rules(cfg)
+    if rules.langid is not None and not cfg.join:
+        check_langid(rules.langid)  # the extra is installed and knows the languages
     say = log or (lambda message: None)
     dest = Path(cfg.data.dest).expanduser()
     _check_dest(dest, cfg.overwrite)
@@ -104,7 +108,7 @@ def build_data_dir(
         for stale in remove_stale_temps(dest):  # what a killed run left beside dest
             say(f"removed {stale}, left by an interrupted run")
         with atomic_directory(dest) as tmp:
-            meta, stats, encode_s = _build(cfg, splits, samples, tmp, progress, say)
+            meta, stats, encode_s = _build(cfg, rules, splits, samples, tmp, progress, say)
     bad = {name: s.bad_utf8 for name, s in stats.items() if s.bad_utf8}
     return BuildReport(
         dest=dest,
@@ -116,8 +120,23 @@ def build_data_dir(
     )
 
 
+def clean_rules(cfg: PreprocessConfig) -> CleanRules:
+    """The training splits' cleaning rules (nmt.data.cleaning) from `cfg.clean`."""
+    c = cfg.clean
+    candidates = None if c.langid_candidates is None else tuple(c.langid_candidates)
+    return CleanRules(
+        remove_empty=c.remove_empty,
+        max_pieces=c.max_pieces,
+        max_ratio=c.max_ratio,
+        drop_copies=c.drop_copies,
+        langid=LangidRule(cfg.data.src, cfg.data.tgt, candidates) if c.langid else None,
+        dedup=c.dedup,
+    )
+
+
 def _build(
     cfg: PreprocessConfig,
+    rules: CleanRules,
     splits: list[SplitInput],
     samples: TokenizerSamples,
     out: Path,
@@ -129,7 +148,7 @@ def _build(
     tokenizers = setup_tokenizers(cfg, samples, out, log)
     dtype = dtype_for_vocab(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
     started = time.perf_counter()
-    stats = _encode_splits(cfg, splits, tokenizers, dtype.name, out, progress)
+    stats = _encode_splits(cfg, rules, splits, tokenizers, dtype.name, out, progress)
     encode_s = time.perf_counter() - started
 
     config = _plain(cfg)
@@ -162,6 +181,7 @@ def _build(
 
 def _encode_splits(
     cfg: PreprocessConfig,
+    rules: CleanRules,
     splits: list[SplitInput],
     tokenizers: DataTokenizers,
     dtype: str,
@@ -176,7 +196,6 @@ def _encode_splits(
         nfkc=cfg.nfkc,
         on_invalid_utf8=InvalidUtf8(cfg.on_invalid_utf8).value,
     )
-    rules = CleanRules(cfg.clean.remove_empty, cfg.clean.max_pieces, cfg.clean.max_ratio)
     stats: dict[str, SplitStats] = {}
     total = sum(s.src.lines for s in splits)
     with (
@@ -277,11 +296,24 @@ def _empty_train_message(cfg: PreprocessConfig, name: str, stats: SplitStats) ->
         if name == "train"
         else f"data.extra_train.{name}={cfg.data.extra_train[name]}"
     )
+    options = [
+        RULE_OPTIONS[rule] for rule, n in stats.removed.items() if n and rule in RULE_OPTIONS
+    ]
     return (
         f"{key}: no training pairs left after cleaning "
         f"({stats.lines} lines; removed: {removed or 'none'}); check the files or relax "
-        "clean.remove_empty, clean.max_pieces, clean.max_ratio"
+        f"{', '.join(options or RULE_OPTIONS.values())}"
     )
+
+
+# the option that turns each cleaning rule off or relaxes it, for the message above
+RULE_OPTIONS = {
+    "empty": "clean.remove_empty",
+    "too_long": "clean.max_pieces",
+    "ratio": "clean.max_ratio",
+    "copy": "clean.drop_copies",
+    "langid": "clean.langid",
+}
 
 
 def _plain(obj: Any) -> Any:

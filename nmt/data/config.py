@@ -223,6 +223,25 @@ class SpmConfig:
             )
 
 
+# clean.langid_candidates' default: languages common in web-crawled corpora
+LANGID_CANDIDATES = (
+    "en",
+    "de",
+    "fr",
+    "es",
+    "it",
+    "pt",
+    "nl",
+    "pl",
+    "cs",
+    "ru",
+    "tr",
+    "ar",
+    "zh",
+    "ja",
+)
+
+
 @dataclass
 class CleanConfig:
     """Filters for the training split only; valid and test keep every line."""
@@ -232,6 +251,17 @@ class CleanConfig:
     max_pieces: Optional[int] = 250
     # drop pairs whose longer side has over max_ratio times the pieces of the shorter; null: off
     max_ratio: Optional[float] = 3.0
+    # drop a pair equal to an earlier one, compared after whitespace normalization (case
+    # kept); the first is kept
+    dedup: bool = False
+    drop_copies: bool = False  # drop pairs whose target equals the source (same comparison)
+    # keep pairs whose source py3langid identifies as data.src and target as data.tgt
+    # (pip install 'nmt[langid]'); runs in the encoding workers
+    langid: bool = False
+    # languages the identifier chooses among, besides data.src and data.tgt: a line in one
+    # of them is "another language"; []: the two alone; null: all the model knows (140,
+    # which misjudges more short lines)
+    langid_candidates: Optional[list[str]] = field(default_factory=lambda: list(LANGID_CANDIDATES))
 
     def validate(self) -> None:
         if self.max_pieces is not None and self.max_pieces < 1:
@@ -245,6 +275,13 @@ class CleanConfig:
         if self.max_ratio is not None and self.max_ratio < 1:
             raise option_error(
                 "clean.max_ratio", self.max_ratio, "must be 1 or more", "use null for no limit"
+            )
+        if self.langid_candidates is not None and not all(self.langid_candidates):
+            raise option_error(
+                "clean.langid_candidates",
+                list(self.langid_candidates),
+                "names an empty language",
+                "list language codes such as [en,de,fr]",
             )
 
 

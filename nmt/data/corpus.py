@@ -1,4 +1,5 @@
-"""Reading parallel text: line counts, UTF-8 checks, CRLF/BOM handling, and cleaning rules.
+"""Reading parallel text: line counts, UTF-8 checks, CRLF/BOM handling (the cleaning rules
+are nmt.data.cleaning's).
 
 A line ends at "\\n" only (never at the other characters `str.splitlines` accepts), so line
 numbers agree with `wc -l` and editors. A leading byte-order mark is dropped; a trailing "\\r"
@@ -27,8 +28,7 @@ from nmt.errors import NmtError
 BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 22  # bytes read at a time while scanning (a few of these are the scan's memory)
 
-# Rule names as they appear in meta.json's `removed` counts, in the order they are checked.
-CLEAN_RULES = ("empty", "too_long", "ratio")
+# meta.json's `removed` count of pairs skipped for invalid UTF-8 (on_invalid_utf8=skip)
 INVALID_UTF8 = "invalid_utf8"
 
 
@@ -257,35 +257,3 @@ def decode_lines(
             text = chunk.decode("utf-8", errors="replace")
         lines.append(normalize_text(text, nfkc))
     return lines, bad
-
-
-@dataclass(frozen=True)
-class CleanRules:
-    """The training-split filters, applied to subword lengths without EOS."""
-
-    remove_empty: bool
-    max_pieces: int | None
-    max_ratio: float | None
-
-    def apply(
-        self, src_lens: np.ndarray, tgt_lens: np.ndarray
-    ) -> tuple[np.ndarray, dict[str, int]]:
-        """Keep mask and per-rule counts; a pair is counted under the first rule it breaks."""
-        keep = np.ones(len(src_lens), dtype=bool)
-        counts = dict.fromkeys(CLEAN_RULES, 0)
-        shorter = np.minimum(src_lens, tgt_lens)
-        longer = np.maximum(src_lens, tgt_lens)
-        if self.remove_empty:
-            hit = shorter == 0
-            counts["empty"] = int(hit.sum())
-            keep &= ~hit
-        if self.max_pieces is not None:
-            hit = keep & (longer > self.max_pieces)
-            counts["too_long"] = int(hit.sum())
-            keep &= ~hit
-        if self.max_ratio is not None:
-            # an empty side kept on purpose (remove_empty=false) is not a ratio problem
-            hit = keep & (shorter > 0) & (longer > self.max_ratio * shorter)
-            counts["ratio"] = int(hit.sum())
-            keep &= ~hit
-        return keep, counts
