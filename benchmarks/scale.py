@@ -3,6 +3,7 @@
     python -m benchmarks.scale                          # 1M and 10M pairs (about 20 minutes)
     python -m benchmarks.scale --sizes 100000 1000000   # smaller
     python -m benchmarks.scale --fairseq-preprocess /tmp/fairseq-peer/venv/bin/fairseq-preprocess
+    python -m benchmarks.scale --sizes 1000000 --preprocess-arg clean.dedup=true   # cleaning on
 
 For each size, a synthetic corpus (benchmarks.make_corpus: WMT-like lengths, seeded) is
 written once into --workdir and reused by later runs. Then, each as the real command in a
@@ -115,6 +116,7 @@ def preprocess(folder: Path, dest: Path, args: argparse.Namespace, pairs: int) -
         f"spm.model_type={args.model_type}",
         f"workers={args.workers}",
         "overwrite=true",
+        *args.preprocess_arg,
     ]
     result = run_command("preprocess", argv, dest.parent / f"preprocess-{pairs}.log")
     result["pairs_per_s"] = pairs / result["wall_s"]
@@ -271,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-train", action="store_true", help="skip the nmt-train start-up")
     parser.add_argument("--fairseq-preprocess", help="fairseq-preprocess executable (peer)")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs")
+    parser.add_argument(
+        "--preprocess-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an nmt-preprocess override, after the benchmark's own (repeat for more), "
+        "e.g. clean.dedup=true",
+    )
     return parser
 
 
@@ -290,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "workers": args.workers,
             "spm": f"{args.model_type} {args.vocab_size}",
             "model": args.model,
+            "preprocess_args": list(args.preprocess_arg),
         },
         "sizes": [],
     }
