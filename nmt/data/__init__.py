@@ -4,7 +4,8 @@ config.py            PreprocessConfig (nmt-preprocess), ShortlistConfig (nmt-sho
 build.py             build_data_dir: check every input, build beside the destination, rename
 join.py              join data dirs built apart into one (join=[...])
 report.py            BuildReport: what a build or a join wrote
-corpus.py            reading parallel text: line counts, UTF-8 checks, cleaning rules
+corpus.py            reading parallel text: line counts, UTF-8 checks, chunks
+cleaning.py          the training split's cleaning rules: lengths, copies, langid, duplicates
 sampling.py          a bounded, seeded sample of a stream of lines (reservoir sampling)
 tokenizer_setup.py   the data dir's SentencePiece model(s): reused, or trained on a sample
 tokenizer.py         SentencePiece with nmt's special ids; the one text normalization
