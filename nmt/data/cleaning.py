@@ -4,7 +4,7 @@ Rules see a pair after normalization (nmt.data.tokenizer.normalize_text: optiona
 whitespace runs to one space, trimmed); case is never folded. A pair is counted under the
 first rule it breaks, in the order of CLEAN_RULES:
   empty, too_long, ratio  subword lengths (CleanRules.apply, in the encoding workers);
-  copy                    the target equals the source (workers);
+  copy                    the target equals the (non-empty) source (workers);
   langid                  a side not identified as its language (workers; py3langid);
   duplicate               the pair equals an earlier kept pair of the split (the main process,
                           which sees the chunks in order: SeenPairs, on 64-bit hashes the
@@ -102,7 +102,8 @@ class CleanRules:
         keep = keep.copy()
         counts: dict[str, int] = {}
         if self.drop_copies:
-            hit = [i for i in np.flatnonzero(keep) if src[i] == tgt[i]]
+            # two empty sides are clean.remove_empty's business, not a copy
+            hit = [i for i in np.flatnonzero(keep) if src[i] == tgt[i] and src[i]]
             keep[hit] = False
             counts["copy"] = len(hit)
         if self.langid is not None:

@@ -89,12 +89,13 @@ def test_rules_are_counted_only_when_on() -> None:
 
 
 def test_copies_are_exact_and_only_among_the_pairs_still_kept() -> None:
-    rules = CleanRules(True, None, None, drop_copies=True)
-    src = ["Anna.", "Hello there.", "Tom.", "Das Haus."]
-    tgt = ["Anna.", "hello there.", "Tom.", "The house."]
-    keep = np.array([True, True, False, True])  # "Tom." was dropped by an earlier rule
+    rules = CleanRules(False, None, None, drop_copies=True)
+    src = ["Anna.", "Hello there.", "Tom.", "Das Haus.", ""]
+    tgt = ["Anna.", "hello there.", "Tom.", "The house.", ""]
+    keep = np.array([True, True, False, True, True])  # "Tom." was dropped by an earlier rule
     kept, counts = rules.apply_text(src, tgt, keep, None)
-    assert kept.tolist() == [False, True, False, True]
+    # an empty pair kept on purpose (remove_empty=false) is not a copy
+    assert kept.tolist() == [False, True, False, True, True]
     assert counts == {"copy": 1}
 
 
