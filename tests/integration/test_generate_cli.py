@@ -18,10 +18,10 @@ import torch
 from nmt import runtime
 from nmt.checkpoint import save_checkpoint, tokenizer_to_tensor
 from nmt.cli import main
-from nmt.generation.chunks import chunk_seed
 from nmt.data.binarize import TokenArrayWriter
 from nmt.data.meta import DataMeta, SplitInfo, write_meta
 from nmt.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
+from nmt.generation.chunks import chunk_seed
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
 from nmt.vocab import EOS, SPECIAL_IDS
