@@ -13,5 +13,8 @@ shortlist.py    decoding over a batch's shortlist candidates (BatchVocab)
 config.py       SearchConfig, GenerateConfig
 job.py          nmt-generate's streaming job: sources, batches, throughput, BLEU
 io.py           nmt-generate's inputs, output formats and output file
+chunks.py       one chunk of input lines -> its formatted output (workers=1 and workers=N)
+workers.py      nmt-generate workers=N: chunks translated by spawned processes, in order
+workfolder.py   <output>.parts/: finished chunks and their manifest, for resuming a run
 terminology.py  constraints and glossaries as text: parsing, files, glossary matching
 """

@@ -270,7 +270,9 @@ class GenerateConfig(SearchConfig):
     input_errors: str = "strict"  # invalid UTF-8 in the text inputs: strict (error) or replace
     device: str = "auto"  # cpu, cuda, cuda:1, or auto (cuda when available)
     precision: str = "fp32"  # fp32, bf16, fp16 (cuda), auto or int8 (cpu)
-    threads: int = 0  # CPU threads for torch; 0 = torch's default
+    threads: int = 0  # CPU threads for torch; 0 = torch's default (workers: cores / workers)
+    workers: int = 1  # processes translating chunks of buffer_size lines in parallel (CPU)
+    resume: bool = True  # workers, output file: reuse the finished chunks of a killed run
     shortlist: Optional[str] = None  # target-vocabulary shortlist file (nmt-shortlist); null = all
     progress: bool = True  # tqdm bar on stderr for file input
     debug: bool = False  # tracebacks instead of one-line errors
@@ -286,6 +288,10 @@ class GenerateConfig(SearchConfig):
         if self.buffer_size < 1:
             raise option_error(
                 "buffer_size", self.buffer_size, "must be 1 or more", "e.g. 10000 lines"
+            )
+        if self.workers < 1:
+            raise option_error(
+                "workers", self.workers, "must be 1 or more", "use 1 for one process"
             )
         if self.threads < 0:
             raise option_error(

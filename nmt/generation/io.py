@@ -85,6 +85,14 @@ def print_note(message: str) -> None:
     tqdm.write(f"nmt-generate: note: {message}", file=sys.stderr)
 
 
+def is_data_file(path: Path) -> bool:
+    """A file nmt-preprocess writes into a data dir (a hypothesis file beside them is not)."""
+    return path.name in ("meta.json", "config.yaml") or path.suffix in DATA_SUFFIXES
+
+
+DATA_SUFFIXES = (".bin", ".idx", ".model", ".vocab")
+
+
 def text_lines(path: str, key: str, errors: str) -> TextLines:
     """The lines of a text input (`key`= names it): a file, plain or compressed as
     nmt-preprocess reads them, or stdin ("-"); invalid UTF-8 as `errors` says."""

@@ -15,24 +15,24 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from nmt.errors import NmtError
 from nmt.fsutil import check_not_an_input
-from nmt.generation.config import GenerateConfig, search_config
-from nmt.generation.generator import Hypothesis
+from nmt.generation.chunks import ChunkOutput, ChunkTranslator, load_translator
+from nmt.generation.config import GenerateConfig
 from nmt.generation.io import (
     AlignedLines,
-    OutputWriter,
     Source,
     SourceEncoder,
     check_text_file,
+    is_data_file,
     library_warnings_printed,
     open_output,
     print_note,
@@ -45,10 +45,10 @@ from nmt.generation.io import (
 )
 from nmt.generation.terminology import Glossary, iter_constraints, parse_constraints_line
 from nmt.generation.translator import Translator, checkpoint_paths
+from nmt.generation.workers import WorkerPool, check_workers, worker_threads
+from nmt.generation.workfolder import WorkFolder
 from nmt.scoring import corpus_bleu
 from nmt.textlines import STDIN, TextLines, display_name
-
-Step = Callable[[list[Source]], list[list[Hypothesis]]]
 
 
 def generate(cfg: GenerateConfig) -> int:
@@ -64,28 +64,19 @@ def _generate(cfg: GenerateConfig) -> int:
     check_output(cfg)
     lines = check_text_inputs(cfg)
     glossary = Glossary.read(cfg.glossary) if cfg.glossary is not None else None
-    translator = Translator.from_checkpoint(
-        cfg.checkpoint,
-        device=cfg.device,
-        precision=cfg.precision,
-        threads=cfg.threads,
-        max_tokens=cfg.max_tokens,
-        max_sentences=cfg.max_sentences,
-        overlong=cfg.overlong,
-        alignment_layer=cfg.alignment_layer,
-        shortlist=cfg.shortlist,
-        search=search_config(cfg),
-    )
+    folder = None
+    if cfg.workers > 1:
+        check_workers(cfg)
+        folder = WorkFolder.for_run(cfg)  # a stale one is an error before the model loads
+    # With workers the parent only checks, reads and writes: one thread is enough.
+    translator = load_translator(cfg, 1 if cfg.workers > 1 else cfg.threads)
     if translator.runtime.note:
         print(f"nmt-generate: note: {translator.runtime.note}", file=sys.stderr)
     check_phrases(cfg, translator, glossary)
-    interactive = cfg.interactive if cfg.interactive is not None else cfg.input == STDIN
+    interactive = cfg.interactive
+    if interactive is None:  # workers read stdin in chunks too
+        interactive = cfg.input == STDIN and cfg.workers == 1
     inputs = open_sources(cfg, translator, 1 if interactive else cfg.buffer_size, lines)
-    step = (
-        scorer(cfg, translator)
-        if cfg.score_reference
-        else translator_step(cfg, translator, glossary)
-    )
     short = ShortLimits(translator, cfg.min_len)
     if cfg.input == STDIN and sys.stdin.isatty():
         # as fairseq-interactive and cat-like tools: say what is awaited, or the user
@@ -96,6 +87,12 @@ def _generate(cfg: GenerateConfig) -> int:
             file=sys.stderr,
             flush=True,
         )
+
+    def counted(chunks: Iterator[list[Source]]) -> Iterator[list[Source]]:
+        for chunk in chunks:
+            if not cfg.score_reference:
+                short.count(chunk)
+            yield chunk
 
     n_sent = n_tokens = 0
     hyps_text: list[str] = []
@@ -112,30 +109,23 @@ def _generate(cfg: GenerateConfig) -> int:
             # None: tqdm's own choice, off when stderr is not a terminal (logs stay clean)
             disable=True if (interactive or not cfg.progress or inputs.total is None) else None,
         ) as bar,
+        chunk_outputs(cfg, translator, glossary, counted(inputs.chunks), folder) as outputs,
     ):
-        writer = OutputWriter(
-            stream,
-            translator.tgt_tokenizer,
-            cfg.format,
-            cfg.nbest,
-            cfg.print_alignment,
-            flush=interactive,
-            scores_only=cfg.score_reference,
-        )
-        for chunk in inputs.chunks:
-            if not cfg.score_reference:
-                short.count(chunk)
-            results = step(chunk)
-            for src, hyps in zip(chunk, results):
-                best = writer.write(src, hyps)
-                if (note := unmet_note(src, hyps)) is not None:
-                    print_note(note)
-                n_tokens += len(hyps[0].tokens) if hyps else 0
+        for chunk, out in outputs:
+            stream.write(out.text)
+            if interactive:
+                stream.flush()
+            for note in out.notes:
+                print_note(note)
+            n_tokens += out.tokens
+            for src, best in zip(chunk, out.best):
                 if src.ref is not None:
                     hyps_text.append(best)
                     refs.append(src.ref)
-            n_sent += len(chunk)
-            bar.update(len(chunk))
+            n_sent += out.lines
+            bar.update(out.lines)
+    if folder is not None:  # the output is complete: its chunks are no longer needed
+        folder.remove()
     # A stream that stopped at a line of invalid UTF-8 (strict, stdin): the lines before
     # it are translated and written (the output file too), and only then is it an error.
     stopped = inputs.text.error(translated(n_sent, cfg.output)) if inputs.text else None
@@ -154,6 +144,24 @@ def _generate(cfg: GenerateConfig) -> int:
     if refs and len(refs) == n_sent and not cfg.score_reference:
         print(f"nmt-generate: {corpus_bleu(hyps_text, [refs]).line}", file=sys.stderr)
     return 0
+
+
+@contextmanager
+def chunk_outputs(
+    cfg: GenerateConfig,
+    translator: Translator,
+    glossary: Glossary | None,
+    chunks: Iterator[list[Source]],
+    folder: WorkFolder | None,
+) -> Iterator[Iterator[tuple[list[Source], ChunkOutput]]]:
+    """Each chunk with its output, in input order: translated here (workers=1) or by
+    worker processes (workers=N, resumed from `folder` when it holds finished chunks)."""
+    if cfg.workers == 1:
+        translate = ChunkTranslator(cfg, translator, glossary)
+        yield ((chunk, translate(chunk)) for chunk in chunks)
+        return
+    with WorkerPool(cfg, worker_threads(cfg)) as pool:
+        yield pool.outputs(chunks, folder)
 
 
 def translated(n_sent: int, output: str) -> str:
@@ -197,48 +205,6 @@ class ShortLimits:
         ]
 
 
-def unmet_note(source: Source, hyps: list[Hypothesis]) -> str | None:
-    """The note of a line whose include constraints its translation lacks, or None."""
-    line = source.index + 1
-    if hyps and not hyps[0].constraints_met:
-        return (
-            f"line {line}: an include phrase could not be met within the length limit; "
-            "its translation is the best one that ended without it (raise max_len_b or "
-            "max_len_a for longer translations)"
-        )
-    if not hyps and source.constraints is not None and source.constraints.include:
-        return f"line {line}: an empty line, so its include phrases could not be met"
-    return None
-
-
-def translator_step(
-    cfg: GenerateConfig, translator: Translator, glossary: Glossary | None = None
-) -> Step:
-    """Chunk of sources -> their hypotheses (beam search or sampling)."""
-    prefix = translator.encode_prefix(cfg.prefix)
-    constrained = cfg.constraints is not None or glossary is not None
-
-    def step(chunk: list[Source]) -> list[list[Hypothesis]]:
-        prefixes: list[list[int] | None] | None = None
-        if prefix is not None:
-            prefixes = [prefix] * len(chunk)
-        elif cfg.prefix_file is not None:
-            prefixes = [translator.encode_prefix(s.prefix) for s in chunk]
-        constraints = None
-        if constrained:
-            constraints = [
-                translator.constraint_ids(s.constraints, s.text, glossary) for s in chunk
-            ]
-        return translator.translate_ids(
-            [s.ids for s in chunk],
-            prefixes=prefixes,
-            alignment=cfg.print_alignment,
-            constraints=constraints,
-        )
-
-    return step
-
-
 def check_phrases(cfg: GenerateConfig, translator: Translator, glossary: Glossary | None) -> None:
     """Every phrase of constraints= and every target term of glossary= can be written by
     the target vocabulary, and no include phrase contains an exclude phrase of its line
@@ -253,23 +219,6 @@ def check_phrases(cfg: GenerateConfig, translator: Translator, glossary: Glossar
             translator.constraint_ids(constraints, "", None)
         except NmtError as exc:
             raise NmtError(f"{cfg.constraints}:{number}: {exc}") from None
-
-
-def scorer(cfg: GenerateConfig, translator: Translator) -> Step:
-    """Chunk of sources -> [the reference as a scored hypothesis] each (forced decoding)."""
-    where = cfg.ref if cfg.ref is not None else f"{cfg.input} split {cfg.split} target side"
-    encoder = translator.target_encoder(where, warn=print_warning)
-
-    def step(chunk: list[Source]) -> list[list[Hypothesis]]:
-        targets: list[np.ndarray] = []
-        for s in chunk:
-            ids = s.ref_ids
-            if ids is None:  # a text reference
-                ids = encoder.to_ids(encoder.normalize([s.ref or ""]))[0]
-            targets.append(encoder.fit(ids, s.index))
-        return [[h] for h in translator.score_ids([s.ids for s in chunk], targets)]
-
-    return step
 
 
 @dataclass
@@ -300,12 +249,6 @@ def check_output(cfg: GenerateConfig) -> None:
     check_not_an_input("output", cfg.output, inputs)
 
 
-def is_data_file(path: Path) -> bool:
-    """A file nmt-preprocess writes into a data dir (a hypothesis file beside them is not)."""
-    return path.name in ("meta.json", "config.yaml") or path.suffix in DATA_SUFFIXES
-
-
-DATA_SUFFIXES = (".bin", ".idx", ".model", ".vocab")
 SIDE_FILES = ("ref", "prefix_file", "constraints", "glossary")  # text files beside input=
 
 
