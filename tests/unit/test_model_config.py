@@ -18,7 +18,7 @@ from nmt.model.transformer import Transformer
 from nmt.vocab import EOS, PAD
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
-PRESETS = ["tiny", "small", "iwslt_de_en", "base", "big"]
+PRESETS = ["tiny", "small", "iwslt_de_en", "base", "big", "student"]
 
 
 def preset(name: str) -> ModelConfig:
@@ -73,7 +73,7 @@ PRESET_VALUES = {
 }
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", PRESET_VALUES)
 def test_presets_give_the_models_they_gave_when_they_stated_every_key(name):
     dim, ffn, heads, layers, dropout, attention, activation, share_all = PRESET_VALUES[name]
     assert dataclasses.asdict(preset(name)) == {
@@ -125,6 +125,22 @@ def test_paper_parameter_counts_with_37k_joint_vocab(name, exact, paper):
 def test_small_and_tiny_parameter_counts():
     assert count_parameters(preset("small"), 8000, 8000) == 9_625_600
     assert count_parameters(preset("tiny"), 8000, 8000) == 2_973_696
+
+
+def test_student_moves_depth_from_the_decoder_to_the_encoder():
+    # Kasai et al. 2021: a deep encoder, one decoder layer, at the Multi30k recipe's width
+    # (transformer_small narrowed to 192, one shared embedding matrix).
+    cfg = preset("student")
+    assert (cfg.encoder_layers, cfg.decoder_layers) == (6, 1)
+    assert (cfg.embed_dim, cfg.ffn_dim, cfg.attention_heads) == (192, 768, 4)
+    assert cfg.share_all_embeddings
+    recipe = dataclasses.replace(
+        preset("small"), embed_dim=192, ffn_dim=768, share_all_embeddings=True
+    )
+    # about the recipe's 4.7M parameters: the encoder's 3 extra layers outweigh the decoder's
+    # 2 fewer (a decoder layer has cross-attention too, an encoder layer has not)
+    assert count_parameters(cfg, 8000, 8000) == 4_798_656
+    assert count_parameters(recipe, 8000, 8000) == 4_651_008
 
 
 def test_sharing_changes_counts_by_exactly_the_embeddings():
