@@ -26,9 +26,10 @@
 #   WORK     where everything goes (default work/distill, or work/distill_smoke)
 #   TEACHER  an en-de checkpoint to distil (default: train the recipe's model into WORK/teacher;
 #            BOTH_WAYS and VOCAB are passed on to the recipe)
-#   SMOKE    1: the recipe's SMOKE teacher, the first SMOKE_LINES (default 500) training pairs,
-#            SMOKE_UPDATES (default 30) updates a student, 100 test sentences, output capped
-#            near the source's length
+#   SMOKE    1: the recipe's SMOKE teacher (its SMOKE_UPDATES, default 60), the first
+#            SMOKE_LINES (default 500) training pairs, SMOKE_UPDATES (default 30) updates a
+#            student, 100 test sentences, output capped near the source's length; the figures
+#            only show that the pipeline runs
 #   AVG      checkpoints to average (default 3)     BEAM  beam size (default 5)
 #   LENPEN   length penalty (default 1.6, the recipe's)
 #   WORKERS  nmt-generate processes for the training sources (default 2; SMOKE: 1)
@@ -139,10 +140,14 @@ if [ "$SMOKE" = 1 ]; then
 fi
 for data in distilled references; do
   run="$WORK/runs/student_$data"
-  say "training the student on the $data targets into $run"
+  say "training the student on the $data pairs into $run"
   nmt train +experiment=multi30k model=transformer_student data="$WORK/data-bin/$data" \
     save_dir="$run" ${SMOKE_ARGS[@]+"${SMOKE_ARGS[@]}"} "$@"
-  nmt average inputs="$run" num_last="$AVG" output="$run/checkpoint_avg_last$AVG.pt"
+  avg="$run/checkpoint_avg_last$AVG.pt"
+  # averaged again only after more training (its translations below are then redone)
+  if [ ! "$avg" -nt "$run/checkpoint_last.pt" ]; then
+    nmt average inputs="$run" num_last="$AVG" output="$avg"
+  fi
 done
 
 # 5. Score and time each model on the test set: 1 thread, beam BEAM; sentences/s is
@@ -151,7 +156,7 @@ EVAL="$WORK/eval"
 mkdir -p "$EVAL"
 evaluate() {  # name, checkpoint, precision
   local out="$EVAL/$1.$3" log="$EVAL/$1.$3.log"
-  if [ -f "$out.json" ]; then say "$out.json exists, reusing it"; return; fi
+  if [ "$out.json" -nt "$2" ]; then say "$out.json exists, reusing it"; return; fi
   say "translating $RAW_REF/$TEST.$SRC with $2 ($3, 1 thread)"
   nmt generate checkpoint="$2" input="$RAW_REF/$TEST.$SRC" output="$out.$TGT" threads=1 \
     precision="$3" "${GEN_ARGS[@]}" 2> "$log" || { cat "$log" >&2; exit 1; }
@@ -178,10 +183,10 @@ for data in distilled references; do
 done
 
 # 6. The table and results.json.
-"$PYTHON" - "$EVAL" "$WORK/results.json" "$TEACHER" <<'PY'
+"$PYTHON" - "$EVAL" "$WORK/results.json" "$TEACHER" "$BEAM" "$SMOKE" <<'PY'
 import json, sys
 from pathlib import Path
-folder, out, teacher = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+folder, out, teacher, beam, smoke = Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:]
 names = ["teacher.fp32", *(f"student_{d}.{p}" for d in ("distilled", "references") for p in ("fp32", "int8"))]
 rows = [json.loads((folder / f"{n}.json").read_text()) for n in names]
 base = rows[0]["sentences_per_s"]
@@ -189,8 +194,11 @@ print(f"{'model':<20} {'precision':<9} {'BLEU':>6} {'sentences/s':>12} {'x teach
 for r in rows:
     print(f"{r['model']:<20} {r['precision']:<9} {r['bleu']:>6.1f} {r['sentences_per_s']:>12.1f}"
           f" {r['sentences_per_s'] / base:>9.2f}")
-print(f"(test_2016_flickr, 1 thread, beam; BLEU {rows[0]['signature']})")
-results = {"teacher_checkpoint": teacher, "signature": rows[0]["signature"],
+print(f"(test_2016_flickr, 1 thread, beam {beam}; BLEU {rows[0]['signature']})")
+if smoke == "1":  # barely trained models: outputs of arbitrary length, so are the speeds
+    print("(SMOKE: 100 sentences, models of a few dozen updates: the figures mean nothing)")
+results = {"teacher_checkpoint": teacher, "beam": int(beam), "smoke": smoke == "1",
+           "signature": rows[0]["signature"],
            "models": {n: {k: r[k] for k in ("model", "precision", "bleu", "sentences", "sentences_per_s")}
                       for n, r in zip(names, rows)}}
 tmp = out.with_suffix(".json.tmp")
