@@ -254,10 +254,7 @@ GEN_ARGS=()
 TEST_SRC="$RAW/$TEST.$SRC"
 TEST_REF="$RAW/$TEST.$TGT"
 if [ "$SMOKE" = 1 ]; then
-  N=${SMOKE_UPDATES:-60}
-  SMOKE_ARGS=(max_update=$N checkpoint.save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
-              validation.interval_updates=$(( N / 2 > 0 ? N / 2 : 1 )) validation.every_epoch=false
-              checkpoint.keep_last=$AVG logging.interval=$(( N / 6 > 0 ? N / 6 : 1 )))
+  smoke_train_args "${SMOKE_UPDATES:-60}" "$AVG"
   GEN_ARGS=(max_len_a=1.2 max_len_b=10)  # a barely trained model rarely stops by itself
   mkdir -p "$WORK/text"
   write_once "$WORK/text/$TEST.100.$SRC" head -n 100 "$TEST_SRC"
