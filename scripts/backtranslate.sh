@@ -39,6 +39,8 @@
 # averages, translations) and resumes an interrupted training. A run that stopped by its own rule
 # (max_time, max_update) is not trained again: delete its folder in $WORK/runs to retrain it.
 # Runs and files are named by the settings that shape them, so other settings reuse the rest.
+# A data dir is reused as it was built: delete it after changing what went into it (SMOKE_MONO,
+# a retrained reverse model).
 set -euo pipefail
 
 SCRIPT=backtranslate
