@@ -105,11 +105,7 @@ fi
 # 2. Train. SMOKE keeps the recipe's model and optimizer, and only shortens the run.
 SMOKE_ARGS=()
 if [ "$SMOKE" = 1 ]; then
-  N=${SMOKE_UPDATES:-60}
-  # max_time stays: the recipe's schedule runs over it (max_update stops the run first)
-  SMOKE_ARGS=(max_update=$N checkpoint.save_interval_updates=$(( N / 3 > 0 ? N / 3 : 1 ))
-              validation.interval_updates=$(( N / 2 > 0 ? N / 2 : 1 )) validation.every_epoch=false
-              checkpoint.keep_last=$AVG logging.interval=$(( N / 6 > 0 ? N / 6 : 1 )))
+  smoke_train_args "${SMOKE_UPDATES:-60}" "$AVG"
 fi
 say "training into $RUN"
 start=$(date +%s)
