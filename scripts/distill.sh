@@ -133,11 +133,7 @@ preprocess "$WORK/data-bin/distilled" "$WORK/raw_distilled/train" spm.model="$SP
 
 # 4. The students: the recipe's run (schedule, batch, budget) with the student's depth.
 SMOKE_ARGS=()
-if [ "$SMOKE" = 1 ]; then
-  N=${SMOKE_UPDATES:-30}
-  SMOKE_ARGS=(max_update=$N checkpoint.save_interval_updates=$(( N / AVG > 0 ? N / AVG : 1 ))
-              validation.every_epoch=false checkpoint.keep_last=$AVG logging.interval=$N)
-fi
+if [ "$SMOKE" = 1 ]; then smoke_train_args "${SMOKE_UPDATES:-30}" "$AVG"; fi
 for data in distilled references; do
   run="$WORK/runs/student_$data"
   say "training the student on the $data pairs into $run"
