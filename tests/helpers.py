@@ -123,17 +123,13 @@ def padded(sources: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def words_tokenizer(words: list[str], vocab_size: int, seed: int = 0):
-    """A unigram SentencePiece model of 300 random sentences of `words`, without byte
-    pieces: characters outside the words are <unk>."""
-    import random
-
+def unigram_tokenizer(lines: list[str], vocab_size: int, what: str = "test text"):
+    """A small unigram SentencePiece model of `lines`, seeded, one thread, without byte
+    pieces (characters it never saw are <unk>)."""
     from nmt.data.tokenizer import train_tokenizer
 
-    rng = random.Random(seed)
-    text = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(300)]
     return train_tokenizer(
-        text,
+        lines,
         vocab_size=vocab_size,
         model_type="unigram",
         character_coverage=1.0,
@@ -142,8 +138,18 @@ def words_tokenizer(words: list[str], vocab_size: int, seed: int = 0):
         user_defined_symbols=[],
         num_threads=1,
         seed=1,
-        what="test words",
+        what=what,
     )
+
+
+def words_tokenizer(words: list[str], vocab_size: int, seed: int = 0):
+    """A unigram SentencePiece model of 300 random sentences of `words`, without byte
+    pieces: characters outside the words are <unk>."""
+    import random
+
+    rng = random.Random(seed)
+    text = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 6))) for _ in range(300)]
+    return unigram_tokenizer(text, vocab_size, "test words")
 
 
 def small_preprocess_args(corpus: Path, dest: Path, *extra: str) -> list[str]:

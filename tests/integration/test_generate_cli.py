@@ -20,11 +20,12 @@ from nmt.checkpoint import save_checkpoint, tokenizer_to_tensor
 from nmt.cli import main
 from nmt.data.binarize import TokenArrayWriter
 from nmt.data.meta import DataMeta, SplitInfo, write_meta
-from nmt.data.tokenizer import Tokenizer, normalize_text, train_tokenizer
+from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.generation.chunks import chunk_seed
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
 from nmt.vocab import EOS, SPECIAL_IDS
+from tests.helpers import unigram_tokenizer
 
 WORDS = (
     "one two three four five six seven eight nine ten eleven twelve hundred thousand and".split()
@@ -41,18 +42,7 @@ def _sentences(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return train_tokenizer(
-        _sentences(300, 0),
-        vocab_size=32,
-        model_type="unigram",
-        character_coverage=1.0,
-        byte_fallback=False,
-        input_sentence_size=0,
-        user_defined_symbols=[],
-        num_threads=1,
-        seed=1,
-        what="test text",
-    )
+    return unigram_tokenizer(_sentences(300, 0), 32)
 
 
 def _checkpoint(path: Path, tokenizer: Tokenizer, seed: int) -> Path:
@@ -284,18 +274,7 @@ def test_errors_are_one_line_and_leave_no_output(ckpt, text, capsys, tmp_path, t
     assert "fp16" in _error(capsys, f"checkpoint={ckpt}", f"input={text}", "precision=fp16")
     assert "split=" in _error(capsys, f"checkpoint={ckpt}", f"input={tmp_path}")
     assert "nbest" in _error(capsys, f"checkpoint={ckpt}", "beam=2", "nbest=3")
-    other = train_tokenizer(
-        _sentences(300, 5) + ["zebra quartz"] * 50,
-        vocab_size=34,
-        model_type="unigram",
-        character_coverage=1.0,
-        byte_fallback=False,
-        input_sentence_size=0,
-        user_defined_symbols=[],
-        num_threads=1,
-        seed=1,
-        what="other text",
-    )
+    other = unigram_tokenizer(_sentences(300, 5) + ["zebra quartz"] * 50, 34, "other text")
     data = _data_dir(tmp_path / "data", other, ["one"], ["eins"])
     assert "SentencePiece" in _error(capsys, f"checkpoint={ckpt}", f"input={data}", "split=test")
 

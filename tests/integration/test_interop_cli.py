@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from nmt.checkpoint import build_checkpoint, save_checkpoint
-from nmt.data.tokenizer import train_tokenizer
 from nmt.model.config import ModelConfig
 from nmt.model.transformer import Transformer
+from tests.helpers import unigram_tokenizer
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 
@@ -35,18 +35,7 @@ def checkpoint(tmp_path_factory) -> Path:
     for lang in ("en", "de"):
         with open(DEMO / f"train.{lang}", encoding="utf-8") as f:
             lines += [next(f).strip() for _ in range(400)]
-    tok = train_tokenizer(
-        lines,
-        vocab_size=150,
-        model_type="unigram",
-        character_coverage=1.0,
-        byte_fallback=False,
-        input_sentence_size=0,
-        user_defined_symbols=[],
-        num_threads=1,
-        seed=1,
-        what="demo lines",
-    )
+    tok = unigram_tokenizer(lines, 150, "demo lines")
     cfg = ModelConfig(
         embed_dim=16,
         ffn_dim=32,

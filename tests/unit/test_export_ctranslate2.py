@@ -13,7 +13,7 @@ import torch
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 from nmt.checkpoint import build_checkpoint, save_checkpoint  # noqa: E402
-from nmt.data.tokenizer import Tokenizer, train_tokenizer  # noqa: E402
+from nmt.data.tokenizer import Tokenizer  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.generation.config import SearchConfig  # noqa: E402
 from nmt.generation.generator import SequenceGenerator  # noqa: E402
@@ -21,6 +21,7 @@ from nmt.interop.ctranslate2_export import export_ctranslate2  # noqa: E402
 from nmt.model.config import ModelConfig  # noqa: E402
 from nmt.model.transformer import Transformer  # noqa: E402
 from nmt.vocab import BOS, EOS, PAD  # noqa: E402
+from tests.helpers import unigram_tokenizer  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[2] / "data" / "demo"
 
@@ -31,18 +32,7 @@ def _lines(split: str, lang: str, n: int) -> list[str]:
 
 
 def _tokenizer(lines: list[str], size: int) -> Tokenizer:
-    return train_tokenizer(
-        lines,
-        vocab_size=size,
-        model_type="unigram",
-        character_coverage=1.0,
-        byte_fallback=False,
-        input_sentence_size=0,
-        user_defined_symbols=[],
-        num_threads=1,
-        seed=1,
-        what="test text",
-    )
+    return unigram_tokenizer(lines, size)
 
 
 @pytest.fixture(scope="module")
