@@ -35,6 +35,9 @@ class SplitInfo:
     # a split joined from several data dirs (nmt.data.join): its shards' file prefixes, in
     # order (`<shard>.<lang>.bin/.idx`); empty: one shard, stored as `<split>.<lang>`
     shards: list[str] = field(default_factory=list)
+    # a multilingual data dir's split (`train.en-de`): its two languages, as the stem names
+    # them (files `<split>.<lang>`); empty: the data dir's src_lang and tgt_lang
+    langs: list[str] = field(default_factory=list)
 
     def shard_prefixes(self, split: str) -> list[str]:
         return list(self.shards) or [split]
@@ -56,18 +59,40 @@ class DataMeta:
     splits: dict[str, SplitInfo]
     config: dict[str, Any] = field(default_factory=dict)  # the preprocess config, resolved
     format_version: int = FORMAT_VERSION
+    # A multilingual data dir (nmt.data.languages): its languages, each direction's pair stem
+    # ("de-en" -> "en-de": a pair is binarized once, as `<split>.<stem>`, and read either way)
+    # and each language's tag piece. Empty in a single-pair data dir; src_lang and tgt_lang
+    # then name its pair, and in a multilingual one its first direction.
+    langs: list[str] = field(default_factory=list)
+    directions: dict[str, str] = field(default_factory=dict)
+    lang_tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.directions)
+
+    def direction_split(self, split: str, direction: str) -> tuple[str, str, str]:
+        """(split name, source language, target language) of `direction`'s part of
+        `split` (a stem such as "train" or "valid") in a multilingual data dir."""
+        stem = self.directions[direction]
+        src, tgt = direction.split("-")
+        return f"{split}.{stem}", src, tgt
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for info in d["splits"].values():
-            if not info["shards"]:  # unsharded data dirs stay readable by older nmt
-                del info["shards"]
+            for optional in ("shards", "langs"):  # older nmt reads what it knows
+                if not info[optional]:
+                    del info[optional]
+        for optional in ("langs", "directions", "lang_tags"):
+            if not d[optional]:
+                del d[optional]
         return {"format_version": d.pop("format_version"), **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> DataMeta:
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - {"config"} - d.keys())
+        missing = sorted(names - {"config", "langs", "directions", "lang_tags"} - d.keys())
         if missing:
             raise NmtError(
                 f"{where}: missing fields {', '.join(missing)}; "
