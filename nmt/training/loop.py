@@ -130,6 +130,8 @@ def _train(t: Trainer, signals: StopSignals) -> TrainResult:
         stop = "max_update"
     elif cfg.max_epoch and progress.epoch > cfg.max_epoch:
         stop = "max_epoch"
+    elif cfg.max_time and progress.elapsed / 3600.0 >= cfg.max_time:
+        stop = "max_time"  # spent by earlier starts (the checkpoint's: every rank agrees)
     while stop is None:
         batches = t.data.epoch_batches(progress.epoch)
         if progress.position >= len(batches):  # the batch list shrank since the checkpoint
