@@ -19,7 +19,7 @@
 #   scripts/backtranslate.sh optim.lr=7e-4           # extra arguments go to every nmt-train
 #
 # Environment (all optional):
-#   DIRECTION  en-de (default) or de-en: the forward direction (the monolingual text is its
+#   DIRECTION  en-de (default), de-en, en-fr, ...: the forward direction (the monolingual text is its
 #              target side)
 #   RAW        folder with train.{en,de} val.{en,de} test_2016_flickr.{en,de}
 #              (default ../shared/data/multi30k; download commands in multi30k_recipe.sh)

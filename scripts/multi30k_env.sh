@@ -1,16 +1,18 @@
 # Sourced by the Multi30k scripts (multi30k_recipe.sh, multi30k_val_sweep.sh, backtranslate.sh):
 # the direction, the raw data folder, the interpreter, and nmt(), which runs a console script
 # through it.
-#   DIRECTION  en-de (default) or de-en        RAW  folder of the Multi30k task 1 files
+#   DIRECTION  en-de (default), de-en, en-fr, ...  RAW  folder of the Multi30k task 1 files
 #   PYTHON     the interpreter with nmt installed (default .venv/bin/python if present)
 # Sets SRC, TGT, RAW, PYTHON; the caller's name (for errors) is $SCRIPT. smoke_train_args
 # gives the nmt-train arguments of a SMOKE run.
 DIRECTION=${DIRECTION:-en-de}
-case "$DIRECTION" in
-  en-de) SRC=en; TGT=de ;;
-  de-en) SRC=de; TGT=en ;;
-  *) echo "$SCRIPT: error: DIRECTION=$DIRECTION: use en-de or de-en" >&2; exit 2 ;;
-esac
+if [[ "$DIRECTION" =~ ^([A-Za-z][A-Za-z0-9_]*)-([A-Za-z][A-Za-z0-9_]*)$ ]] \
+    && [ "${BASH_REMATCH[1]}" != "${BASH_REMATCH[2]}" ]; then
+  SRC=${BASH_REMATCH[1]}; TGT=${BASH_REMATCH[2]}
+else
+  echo "$SCRIPT: error: DIRECTION=$DIRECTION: give source-target, e.g. en-de, de-en or en-fr" >&2
+  exit 2
+fi
 RAW=${RAW:-../shared/data/multi30k}
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python; fi

@@ -19,8 +19,10 @@
 #   scripts/multi30k_recipe.sh optim.lr=7e-4           # extra arguments go to nmt-train
 #
 # Environment (all optional):
-#   DIRECTION  en-de (default) or de-en: the direction validated on and scored first
-#   RAW        folder with train.{en,de} val.{en,de} test_2016_flickr.{en,de}
+#   DIRECTION  en-de (default), de-en, or any src-tgt pair RAW has files for (en-fr, de-fr):
+#              the direction validated on and scored first
+#   RAW        folder with train.{en,de} val.{en,de} test_2016_flickr.{en,de} (and .fr for
+#              the French directions)
 #              (default ../shared/data/multi30k); to fetch the public Multi30k task 1 files:
 #                mkdir -p multi30k && cd multi30k && for f in train val test_2016_flickr; do
 #                  for l in en de; do curl -fsSL -o $f.$l.gz \
@@ -69,7 +71,7 @@ RUN="$WORK/runs/$NAME"
 say() { echo "== multi30k_recipe [$DIRECTION$([ "$SMOKE" = 1 ] && echo ', SMOKE')]: $*" >&2; }
 
 for split in train val $TEST; do
-  for lang in en de; do
+  for lang in $SRC $TGT; do
     if [ ! -s "$RAW/$split.$lang" ]; then
       echo "multi30k_recipe: error: $RAW/$split.$lang: missing; set RAW to the Multi30k task 1" \
            "raw folder (see the download commands at the top of $0)" >&2
