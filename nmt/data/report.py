@@ -46,9 +46,10 @@ class BuildReport:
             f"{meta.tgt_vocab_size} ({meta.tgt_lang})"
         )
         if meta.multilingual:
-            directions = ", ".join(meta.directions)
+            n = len(meta.directions)
             out.append(
-                f"{', '.join(meta.langs)}: {len(meta.directions)} directions ({directions}), "
+                f"{', '.join(meta.langs)}: {n} direction{'s' if n > 1 else ''} "
+                f"({', '.join(meta.directions)}), "
                 f"{vocab} pieces with {len(meta.lang_tags)} language tags, {meta.dtype} ids"
             )
         else:
