@@ -193,16 +193,7 @@ def _build(
         tokenizers=tokenizers.files,
         normalization={"nfkc": cfg.nfkc},
         splits={
-            split.name: SplitInfo(
-                lines=s.lines,
-                kept=s.kept,
-                removed=s.removed,
-                src_tokens=s.src_tokens,
-                tgt_tokens=s.tgt_tokens,
-                langs=list(split.files.langs) if d.multilingual else [],
-            )
-            for split in splits
-            for s in [stats[split.name]]
+            split.name: _split_info(split, stats[split.name], d.multilingual) for split in splits
         },
         config=config,
         langs=d.languages() if d.multilingual else [],
@@ -211,6 +202,18 @@ def _build(
     )
     write_meta(out, meta)
     return meta, stats, encode_s
+
+
+def _split_info(split: SplitInput, stats: SplitStats, multilingual: bool) -> SplitInfo:
+    """meta.json's record of a split: its counts, and a multilingual pair's languages."""
+    return SplitInfo(
+        lines=stats.lines,
+        kept=stats.kept,
+        removed=stats.removed,
+        src_tokens=stats.src_tokens,
+        tgt_tokens=stats.tgt_tokens,
+        langs=list(split.files.langs) if multilingual else [],
+    )
 
 
 def _encode_splits(

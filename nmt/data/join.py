@@ -33,6 +33,8 @@ from nmt.fsutil import atomic_directory, remove_stale_temps
 
 # what every shard must agree on, and what to do otherwise
 _SAME = {
+    "langs": "build every shard with the same data.langs and data.pairs",
+    "directions": "build every shard with the same data.langs and data.pairs",
     "src_lang": "build every shard with the same data.src and data.tgt",
     "tgt_lang": "build every shard with the same data.src and data.tgt",
     "joint_vocab": "build every shard with the same SentencePiece model(s)",
@@ -41,8 +43,6 @@ _SAME = {
     "dtype": "build every shard with the same SentencePiece model(s)",
     "normalization": "build every shard with the same nfkc setting",
     "special_ids": "rebuild the shard with this nmt",
-    "langs": "build every shard with the same data.langs and data.pairs",
-    "directions": "build every shard with the same data.langs and data.pairs",
 }
 
 

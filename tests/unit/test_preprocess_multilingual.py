@@ -256,3 +256,30 @@ def test_a_missing_file_is_named_before_any_work(
         f"(data.validpref={raw}/{{pair}}/valid for de-fr)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_multilingual_shards_join_pair_by_pair(
+    trilingual_corpus: Path, preprocess_config, tmp_path: Path
+) -> None:
+    first, second, joined = tmp_path / "a", tmp_path / "b", tmp_path / "j"
+    build_data_dir(preprocess_config("data.langs=[en,de,fr]", f"data.dest={first}"))
+    build_data_dir(
+        preprocess_config(
+            "data.langs=[en,de,fr]", f"spm.model={first / 'spm.model'}", f"data.dest={second}"
+        )
+    )
+    build_data_dir(preprocess_config(f"join=[{first},{second}]", f"data.dest={joined}"))
+    a, meta = load_meta(first), load_meta(joined)
+    assert (meta.langs, meta.directions, meta.lang_tags) == (a.langs, a.directions, a.lang_tags)
+    for name, info in meta.splits.items():
+        assert info.langs == a.splits[name].langs and info.shards == [f"{name}.0", f"{name}.1"]
+        for lang in info.langs:
+            assert _decoded(joined, info.shards[1], lang) == _decoded(second, name, lang)
+    other = tmp_path / "other"
+    build_data_dir(
+        preprocess_config(
+            "data.pairs=[en-fr]", f"spm.model={first / 'spm.model'}", f"data.dest={other}"
+        )
+    )
+    message = _error(preprocess_config(f"join=[{first},{other}]", f"data.dest={tmp_path / 'x'}"))
+    assert message.startswith(f"join={other}: its langs is ['en', 'fr'] but {first}'s is")
