@@ -38,7 +38,7 @@ def _plain_value(value: object) -> object:
     return value.value if isinstance(value, Enum) else value
 
 
-def test_split_name(prefix: str) -> str:
+def testpref_split_name(prefix: str) -> str:
     """A test prefix's split name: its file name, without a {pair} placeholder and the
     separators around it (raw/{pair}/test -> test, raw/test.{pair} -> test)."""
     name = Path(prefix).name
@@ -122,7 +122,7 @@ class DataConfig:
         named = self.train_prefixes()
         if self.validpref:
             named.append(("valid", self.validpref))
-        named += [(test_split_name(prefix), prefix) for prefix in self.testpref]
+        named += [(testpref_split_name(prefix), prefix) for prefix in self.testpref]
         return named
 
     def option_of(self, split: str) -> str:
