@@ -12,6 +12,7 @@ tokenizer.py         SentencePiece with nmt's special ids; the one text normaliz
 segmentations.py     every way a vocabulary's pieces spell a text (banned phrases)
 binarize.py          encoding in worker processes; the .bin/.idx arrays (TokenArray)
 meta.py              meta.json (and config.yaml beside it)
+languages.py         languages of a multilingual data dir: directions, tags, where tags go
 dataset.py           a split as indexable sentence pairs, memory-mapped
 batching.py          token-budget batches: pure functions of lengths, seed and epoch
 collate.py           sentence pairs -> padded, batch-first tensors

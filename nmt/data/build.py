@@ -36,9 +36,10 @@ from tqdm import tqdm
 
 from nmt.data.binarize import Encoder, EncodeSettings, SplitStats, dtype_for_vocab
 from nmt.data.cleaning import CleanRules, LangidRule, check_langid
-from nmt.data.config import InvalidUtf8, PreprocessConfig
+from nmt.data.config import PAIR_PLACEHOLDER, InvalidUtf8, PreprocessConfig
 from nmt.data.corpus import FileScan, check_parallel, input_file, scan_file
 from nmt.data.join import join_data_dirs
+from nmt.data.languages import parse_direction
 from nmt.data.meta import (
     CONFIG_FILE,
     META_FILE,
@@ -49,8 +50,13 @@ from nmt.data.meta import (
     write_meta,
 )
 from nmt.data.report import BuildReport
-from nmt.data.tokenizer_setup import DataTokenizers, TokenizerSamples, setup_tokenizers
-from nmt.errors import NmtError
+from nmt.data.tokenizer_setup import (
+    DataTokenizers,
+    TokenizerSamples,
+    check_reused_model,
+    setup_tokenizers,
+)
+from nmt.errors import NmtError, setting
 from nmt.fsutil import (
     OutputKind,
     atomic_directory,
@@ -70,13 +76,29 @@ DATA_DIR = OutputKind(
 
 
 @dataclass(frozen=True)
+class SplitFiles:
+    """One split's pair of input files, before they are read."""
+
+    name: str  # as stored: train, valid, a test prefix's file name; `<that>.<stem>` for a
+    # pair of a multilingual build (train.en-de)
+    option: str  # the option that named them, as written (data.trainpref=corpus/train)
+    langs: tuple[str, str]  # the languages of the two files (source, target)
+    paths: tuple[Path, Path]
+    is_train: bool
+    stem: str = ""  # its pair in a multilingual build (en-de), for messages
+
+
+@dataclass(frozen=True)
 class SplitInput:
     """One split's pair of input files, scanned."""
 
-    name: str  # train, valid, or the test prefix's file name
+    files: SplitFiles
     src: FileScan
     tgt: FileScan
-    is_train: bool
+
+    @property
+    def name(self) -> str:
+        return self.files.name
 
 
 def build_data_dir(
@@ -93,9 +115,12 @@ def build_data_dir(
     """
     cfg.validate()
     assert cfg.data.dest is not None  # validate() requires it
-    rules = clean_rules(cfg)
-    if rules.langid is not None and not cfg.join:
-        check_langid(rules.langid)  # the extra is installed and knows the languages
+    if cfg.clean.langid and not cfg.join:
+        key = "data.langs" if cfg.data.multilingual else ""
+        for _, langs in _pairs(cfg):  # the extra is installed and knows the languages
+            langid = clean_rules(cfg, langs).langid
+            assert langid is not None
+            check_langid(langid, key)
     say = log or (lambda message: None)
     dest = Path(cfg.data.dest).expanduser()
     _check_dest(dest, cfg.overwrite)
@@ -103,12 +128,13 @@ def build_data_dir(
         _check_dest(dest, cfg.overwrite)  # again, now that no other run can change it
         if cfg.join:
             return join_data_dirs(cfg, dest, _plain(cfg), log=say)
+        check_reused_model(cfg)
         samples = TokenizerSamples(cfg)
         splits = _scan_inputs(cfg, samples, progress)
         for stale in remove_stale_temps(dest):  # what a killed run left beside dest
             say(f"removed {stale}, left by an interrupted run")
         with atomic_directory(dest) as tmp:
-            meta, stats, encode_s = _build(cfg, rules, splits, samples, tmp, progress, say)
+            meta, stats, encode_s = _build(cfg, splits, samples, tmp, progress, say)
     bad = {name: s.bad_utf8 for name, s in stats.items() if s.bad_utf8}
     return BuildReport(
         dest=dest,
@@ -120,23 +146,24 @@ def build_data_dir(
     )
 
 
-def clean_rules(cfg: PreprocessConfig) -> CleanRules:
-    """The training splits' cleaning rules (nmt.data.cleaning) from `cfg.clean`."""
+def clean_rules(cfg: PreprocessConfig, langs: tuple[str, str] | None = None) -> CleanRules:
+    """The training splits' cleaning rules (nmt.data.cleaning) from `cfg.clean`, for the
+    pair of languages `langs` (default: data.src and data.tgt)."""
     c = cfg.clean
+    src, tgt = langs or (cfg.data.src, cfg.data.tgt)
     candidates = None if c.langid_candidates is None else tuple(c.langid_candidates)
     return CleanRules(
         remove_empty=c.remove_empty,
         max_pieces=c.max_pieces,
         max_ratio=c.max_ratio,
         drop_copies=c.drop_copies,
-        langid=LangidRule(cfg.data.src, cfg.data.tgt, candidates) if c.langid else None,
+        langid=LangidRule(src, tgt, candidates) if c.langid else None,
         dedup=c.dedup,
     )
 
 
 def _build(
     cfg: PreprocessConfig,
-    rules: CleanRules,
     splits: list[SplitInput],
     samples: TokenizerSamples,
     out: Path,
@@ -148,14 +175,16 @@ def _build(
     tokenizers = setup_tokenizers(cfg, samples, out, log)
     dtype = dtype_for_vocab(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
     started = time.perf_counter()
-    stats = _encode_splits(cfg, rules, splits, tokenizers, dtype.name, out, progress)
+    stats = _encode_splits(cfg, splits, tokenizers, dtype.name, out, progress)
     encode_s = time.perf_counter() - started
 
     config = _plain(cfg)
     write_config(out, config)
+    d = cfg.data
+    src_lang, tgt_lang = d.directions()[0]  # a multilingual data dir's first direction
     meta = DataMeta(
-        src_lang=cfg.data.src,
-        tgt_lang=cfg.data.tgt,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
         joint_vocab=tokenizers.joint,
         src_vocab_size=tokenizers.src.vocab_size,
         tgt_vocab_size=tokenizers.tgt.vocab_size,
@@ -164,24 +193,31 @@ def _build(
         tokenizers=tokenizers.files,
         normalization={"nfkc": cfg.nfkc},
         splits={
-            name: SplitInfo(
-                lines=s.lines,
-                kept=s.kept,
-                removed=s.removed,
-                src_tokens=s.src_tokens,
-                tgt_tokens=s.tgt_tokens,
-            )
-            for name, s in stats.items()
+            split.name: _split_info(split, stats[split.name], d.multilingual) for split in splits
         },
         config=config,
+        langs=d.languages() if d.multilingual else [],
+        directions=d.pair_stems() if d.multilingual else {},
+        lang_tags=d.tag_pieces(),
     )
     write_meta(out, meta)
     return meta, stats, encode_s
 
 
+def _split_info(split: SplitInput, stats: SplitStats, multilingual: bool) -> SplitInfo:
+    """meta.json's record of a split: its counts, and a multilingual pair's languages."""
+    return SplitInfo(
+        lines=stats.lines,
+        kept=stats.kept,
+        removed=stats.removed,
+        src_tokens=stats.src_tokens,
+        tgt_tokens=stats.tgt_tokens,
+        langs=list(split.files.langs) if multilingual else [],
+    )
+
+
 def _encode_splits(
     cfg: PreprocessConfig,
-    rules: CleanRules,
     splits: list[SplitInput],
     tokenizers: DataTokenizers,
     dtype: str,
@@ -210,47 +246,71 @@ def _encode_splits(
         ) as bar,
     ):
         for split in splits:
-            bar.set_postfix_str(split.name)
-            stats[split.name] = encoder.encode_split(
+            f = split.files
+            bar.set_postfix_str(f.name)
+            stats[f.name] = encoder.encode_split(
                 split.src,
                 split.tgt,
                 cfg.chunk_lines,
-                split_prefix(out, split.name, cfg.data.src),
-                split_prefix(out, split.name, cfg.data.tgt),
-                rules if split.is_train else None,
+                split_prefix(out, f.name, f.langs[0]),
+                split_prefix(out, f.name, f.langs[1]),
+                clean_rules(cfg, f.langs) if f.is_train else None,
                 progress=bar.update,
             )
-            if split.is_train and stats[split.name].kept == 0:
-                raise NmtError(_empty_train_message(cfg, split.name, stats[split.name]))
+            if f.is_train and stats[f.name].kept == 0:
+                raise NmtError(_empty_train_message(f, stats[f.name]))
     return stats
 
 
 # ---------------------------------------------------------------------------- checks
 
 
+def _pairs(cfg: PreprocessConfig) -> list[tuple[str, tuple[str, str]]]:
+    """(stem, its two languages) of each pair to binarize, each once: the stems of a
+    multilingual build's directions; ("", (data.src, data.tgt)) for a single pair."""
+    d = cfg.data
+    if not d.multilingual:
+        return [("", (d.src, d.tgt))]
+    stems = dict.fromkeys(d.pair_stems().values())
+    return [(stem, parse_direction(stem, "data.pairs")) for stem in stems]
+
+
+def _split_files(cfg: PreprocessConfig) -> list[SplitFiles]:
+    """The input files of every split to build: each split prefix once for a single pair;
+    once per pair in a multilingual build, stored as `<split>.<stem>` (a {pair} in the
+    prefix is replaced by the stem)."""
+    d = cfg.data
+    train_names = {name for name, _ in d.train_prefixes()}
+    found = []
+    for name, prefix in d.split_prefixes():
+        option = setting(d.option_of(name), prefix)
+        for stem, langs in _pairs(cfg):
+            resolved = Path(prefix.replace(PAIR_PLACEHOLDER, stem)).expanduser()
+            paths = (input_file(resolved, langs[0]), input_file(resolved, langs[1]))
+            stored = f"{name}.{stem}" if stem else name
+            found.append(SplitFiles(stored, option, langs, paths, name in train_names, stem))
+    return found
+
+
 def _scan_inputs(
     cfg: PreprocessConfig, samples: TokenizerSamples, progress: bool
 ) -> list[SplitInput]:
     """Every input file exists, pairs have equal line counts, and (in error mode) valid
-    UTF-8; the training files' lines are offered to the SentencePiece sample on the way."""
+    UTF-8; the training files' lines are offered to the SentencePiece sample on the way.
+    A file several pairs share (a multi-parallel corpus) is read once."""
     check_utf8 = InvalidUtf8(cfg.on_invalid_utf8) is InvalidUtf8.error
-    train_names = {name for name, _ in cfg.data.train_prefixes()}
-    langs = {"src": cfg.data.src, "tgt": cfg.data.tgt}
-    files = [
-        (
-            name,
-            prefix,
-            {side: input_file(Path(prefix).expanduser(), lang) for side, lang in langs.items()},
-        )
-        for name, prefix in cfg.data.split_prefixes()
-    ]
-    for _, _, paths in files:  # every file is there before the first is read
-        for path in paths.values():
+    split_files = _split_files(cfg)
+    for files in split_files:  # every file is there before the first is read
+        for path in files.paths:
             if path.is_dir():
                 raise NmtError(f"{path}: is a directory; give the prefix of the text files")
             if not path.is_file():
-                raise NmtError(f"{path}: no such file")
-    total = sum(p.stat().st_size for _, _, paths in files for p in paths.values())
+                pair = f" for {files.stem}" if files.stem else ""
+                raise NmtError(f"{path}: no such file ({files.option}{pair})")
+    # a file is scanned once as training text (offered to the sample) and once otherwise
+    unique = {(path, files.is_train) for files in split_files for path in files.paths}
+    total = sum(path.stat().st_size for path, _ in unique)
+    scans: dict[tuple[Path, bool], FileScan] = {}
     splits = []
     with tqdm(
         total=total,
@@ -260,21 +320,23 @@ def _scan_inputs(
         disable=None if progress else True,  # None: only on a terminal
         leave=False,
     ) as bar:
-        for name, prefix, paths in files:
-            is_train = name in train_names
-            scans = {}
-            for side, path in paths.items():
-                bar.set_postfix_str(path.name)
-                sample = samples.for_side(side) if is_train else None
-                scans[side] = scan_file(path, cfg.chunk_lines, check_utf8, sample, bar.update)
-            check_parallel(scans["src"], scans["tgt"])
-            if is_train and scans["src"].lines == 0:
-                key = "data.trainpref" if name == "train" else f"data.extra_train.{name}"
+        for files in split_files:
+            for side, path in zip(("src", "tgt"), files.paths):
+                if (path, files.is_train) not in scans:
+                    bar.set_postfix_str(path.name)
+                    sample = samples.for_side(side) if files.is_train else None
+                    scans[path, files.is_train] = scan_file(
+                        path, cfg.chunk_lines, check_utf8, sample, bar.update
+                    )
+            src, tgt = (scans[path, files.is_train] for path in files.paths)
+            check_parallel(src, tgt)
+            if files.is_train and src.lines == 0:
+                pair = f"{files.stem} " if files.stem else ""
                 raise NmtError(
-                    f"{key}={prefix}: the training files are empty; give the prefix of "
-                    "files with text"
+                    f"{files.option}: the {pair}training files are empty; give the prefix "
+                    "of files with text"
                 )
-            splits.append(SplitInput(name, scans["src"], scans["tgt"], is_train=is_train))
+            splits.append(SplitInput(files, src, tgt))
     return splits
 
 
@@ -289,18 +351,14 @@ def _check_dest(dest: Path, overwrite: bool) -> None:
     check_replaceable(dest, "data.dest", DATA_DIR, overwrite)
 
 
-def _empty_train_message(cfg: PreprocessConfig, name: str, stats: SplitStats) -> str:
+def _empty_train_message(files: SplitFiles, stats: SplitStats) -> str:
     removed = ", ".join(f"{rule} {n}" for rule, n in stats.removed.items() if n)
-    key = (
-        f"data.trainpref={cfg.data.trainpref}"
-        if name == "train"
-        else f"data.extra_train.{name}={cfg.data.extra_train[name]}"
-    )
     options = [
         RULE_OPTIONS[rule] for rule, n in stats.removed.items() if n and rule in RULE_OPTIONS
     ]
+    pair = f" of {files.stem}" if files.stem else ""
     return (
-        f"{key}: no training pairs left after cleaning "
+        f"{files.option}: no training pairs{pair} left after cleaning "
         f"({stats.lines} lines; removed: {removed or 'none'}); check the files or relax "
         f"{', '.join(options or RULE_OPTIONS.values())}"
     )

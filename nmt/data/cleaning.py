@@ -198,12 +198,12 @@ def load_identifier() -> Any:
     return LanguageIdentifier.from_model_file(MODEL_FILE)
 
 
-def check_langid(rule: LangidRule) -> None:
+def check_langid(rule: LangidRule, lang_key: str = "") -> None:
     """Before any work: the package is installed and knows every language named;
-    NmtError naming the option otherwise."""
+    NmtError naming the option (`lang_key`, or data.src and data.tgt) otherwise."""
     known = set(load_identifier().labels)
     fix = "use the ISO 639-1 codes py3langid knows (en, de, fr, ...), or set clean.langid=false"
-    for key, lang in (("data.src", rule.src), ("data.tgt", rule.tgt)):
+    for key, lang in ((lang_key or "data.src", rule.src), (lang_key or "data.tgt", rule.tgt)):
         if lang not in known:
             raise option_error(key, lang, "not a language clean.langid knows", fix)
     unknown = [lang for lang in rule.candidates or () if lang not in known]

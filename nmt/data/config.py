@@ -18,7 +18,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from nmt.errors import choice_error, option_error
+from nmt.data.languages import check_lang_code, direction_name, parse_direction, tag_piece
+from nmt.errors import choice_error, option_error, setting
+
+# in a prefix of a multilingual build, replaced by each pair's stem (raw/{pair}/train ->
+# raw/en-de/train): a pair corpus that is not multi-parallel
+PAIR_PLACEHOLDER = "{pair}"
 
 
 class ModelType(str, Enum):
@@ -31,6 +36,15 @@ class ModelType(str, Enum):
 def _plain_value(value: object) -> object:
     """An enum option as the string a user writes (configs built in Python may hold either)."""
     return value.value if isinstance(value, Enum) else value
+
+
+def testpref_split_name(prefix: str) -> str:
+    """A test prefix's split name: its file name, without a {pair} placeholder and the
+    separators around it (raw/{pair}/test -> test, raw/test.{pair} -> test)."""
+    name = Path(prefix).name
+    if PAIR_PLACEHOLDER in name:
+        name = name.replace(PAIR_PLACEHOLDER, "").strip("._-")
+    return name
 
 
 class InvalidUtf8(str, Enum):
@@ -56,6 +70,46 @@ class DataConfig:
     # train_split={train:1,clean:2}
     extra_train: dict[str, str] = field(default_factory=dict)
     dest: Optional[str] = None  # the data dir to write (required)
+    # A multilingual data dir (one joint SentencePiece model, a tag per language): the
+    # languages of a multi-parallel corpus (files <prefix>.<lang> for each), and the
+    # directions to build ([en-de,de-en,en-fr]); empty pairs: every direction among langs.
+    # Either one set makes the build multilingual; data.src and data.tgt are then unused.
+    langs: list[str] = field(default_factory=list)
+    pairs: list[str] = field(default_factory=list)
+
+    @property
+    def multilingual(self) -> bool:
+        return bool(self.langs or self.pairs)
+
+    def directions(self) -> list[tuple[str, str]]:
+        """The (source, target) directions to build: data.pairs, else every one among
+        data.langs; a single-pair build's one, else."""
+        if self.pairs:
+            return [parse_direction(pair, "data.pairs") for pair in self.pairs]
+        if self.langs:
+            return [(a, b) for a in self.langs for b in self.langs if a != b]
+        return [(self.src, self.tgt)]
+
+    def languages(self) -> list[str]:
+        """data.langs, else the languages of data.pairs in the order they appear."""
+        if self.langs:
+            return list(self.langs)
+        return list(dict.fromkeys(lang for pair in self.directions() for lang in pair))
+
+    def pair_stems(self) -> dict[str, str]:
+        """Each direction -> the stem its pair is stored under: the pair's first-listed
+        direction ({"en-de": "en-de", "de-en": "en-de"} when en-de comes first)."""
+        stems: dict[frozenset[str], str] = {}
+        return {
+            direction_name(src, tgt): stems.setdefault(
+                frozenset((src, tgt)), direction_name(src, tgt)
+            )
+            for src, tgt in self.directions()
+        }
+
+    def tag_pieces(self) -> dict[str, str]:
+        """Each language's tag (a SentencePiece control symbol); empty for a single pair."""
+        return {lang: tag_piece(lang) for lang in self.languages()} if self.multilingual else {}
 
     def train_prefixes(self) -> list[tuple[str, str]]:
         """(split name, prefix) of the training corpora: train, then extra_train's."""
@@ -68,10 +122,25 @@ class DataConfig:
         named = self.train_prefixes()
         if self.validpref:
             named.append(("valid", self.validpref))
-        named += [(Path(prefix).name, prefix) for prefix in self.testpref]
+        named += [(testpref_split_name(prefix), prefix) for prefix in self.testpref]
         return named
 
+    def option_of(self, split: str) -> str:
+        """The option that names the prefix of split `split` (a name split_prefixes gives)."""
+        if split == "train":
+            return "data.trainpref"
+        if split == "valid":
+            return "data.validpref"
+        return f"data.extra_train.{split}" if split in self.extra_train else "data.testpref"
+
     def validate(self) -> None:
+        if self.multilingual:
+            self._validate_languages()
+        else:
+            self._validate_pair()
+        self._validate_prefixes()
+
+    def _validate_pair(self) -> None:
         for key, lang in (("data.src", self.src), ("data.tgt", self.tgt)):
             if not lang or "/" in lang or lang != lang.strip() or " " in lang:
                 raise option_error(
@@ -84,13 +153,76 @@ class DataConfig:
             raise option_error(
                 "data.tgt", self.tgt, "the same language as data.src", "give two different ones"
             )
+        for name, prefix in self._prefixes():
+            if PAIR_PLACEHOLDER in prefix:
+                raise option_error(
+                    name,
+                    prefix,
+                    f"{PAIR_PLACEHOLDER} stands for a pair of a multilingual build",
+                    "give data.pairs (or data.langs), or the prefix of this pair's files",
+                )
+
+    def _validate_languages(self) -> None:
+        defaults = DataConfig()
+        for key, value, default in (
+            ("data.src", self.src, defaults.src),
+            ("data.tgt", self.tgt, defaults.tgt),
+        ):
+            if value != default:  # a multilingual build takes its languages from elsewhere
+                raise option_error(
+                    key,
+                    value,
+                    "unused by a multilingual build (data.langs or data.pairs set)",
+                    "remove it; data.pairs lists the directions",
+                )
+        for lang in self.langs:
+            check_lang_code(lang, "data.langs")
+        if len(set(self.langs)) != len(self.langs):
+            raise option_error(
+                "data.langs", list(self.langs), "names a language twice", "list each once"
+            )
+        if not self.pairs and len(self.langs) < 2:
+            raise option_error(
+                "data.langs",
+                list(self.langs),
+                "a multilingual build needs two languages or more",
+                "list them all, e.g. data.langs=[en,de,fr]",
+            )
+        directions = self.directions()  # each checked by parse_direction
+        if len(set(directions)) != len(directions):
+            raise option_error(
+                "data.pairs", list(self.pairs), "lists a direction twice", "list each once"
+            )
+        used = dict.fromkeys(lang for pair in directions for lang in pair)
+        unknown = [lang for lang in used if self.langs and lang not in self.langs]
+        if unknown:
+            raise option_error(
+                "data.pairs",
+                list(self.pairs),
+                f"uses {', '.join(unknown)}, not in {setting('data.langs', list(self.langs))}",
+                "add it to data.langs, or leave data.langs empty",
+            )
+
+    def _prefixes(self) -> list[tuple[str, str]]:
+        """(option, prefix) of every input prefix given."""
+        given = [("data.trainpref", self.trainpref), ("data.validpref", self.validpref)]
+        given += [(f"data.extra_train.{name}", p) for name, p in self.extra_train.items()]
+        given += [("data.testpref", p) for p in self.testpref]
+        return [(key, prefix) for key, prefix in given if prefix]
+
+    def _files(self) -> str:
+        """The input files of a prefix, for messages: <prefix>.en and <prefix>.de."""
+        files = [f"<prefix>.{lang}" for lang in self.languages()]
+        return ", ".join(files[:-1]) + " and " + files[-1]
+
+    def _validate_prefixes(self) -> None:
         if not self.trainpref:
             raise option_error(
                 "data.trainpref",
                 self.trainpref,
                 "required",
-                f"give the prefix of the training files (<prefix>.{self.src} and "
-                f"<prefix>.{self.tgt}), e.g. data.trainpref=data/demo/train",
+                f"give the prefix of the training files ({self._files()}), "
+                "e.g. data.trainpref=data/demo/train",
             )
         if not self.dest:
             raise option_error(
@@ -109,8 +241,7 @@ class DataConfig:
                     f"data.extra_train.{name}",
                     prefix,
                     "empty",
-                    f"give the prefix of the corpus files (<prefix>.{self.src} and "
-                    f"<prefix>.{self.tgt})",
+                    f"give the prefix of the corpus files ({self._files()})",
                 )
         if not all(self.testpref):
             raise option_error(
@@ -148,13 +279,16 @@ class SpmConfig:
     num_threads: int = 2  # training threads; part of the recipe (another count, another model)
     seed: int = 1  # SentencePiece's random seed (sentence sampling)
 
-    def validate(self) -> None:
+    def validate(self, tags: int = 0) -> None:
+        """`tags`: the language tags of a multilingual build, reserved pieces as well."""
         reserved = ["4 special pieces (<s> <pad> </s> <unk>)"]
         if self.byte_fallback:
             reserved.append("256 byte pieces (spm.byte_fallback=true)")
         if self.user_defined_symbols:
             reserved.append(f"{len(self.user_defined_symbols)} spm.user_defined_symbols")
-        least = 4 + 256 * self.byte_fallback + len(self.user_defined_symbols)
+        if tags:
+            reserved.append(f"{tags} language tags")
+        least = 4 + 256 * self.byte_fallback + len(self.user_defined_symbols) + tags
         if self.vocab_size <= least and self.model is None and self.src_model is None:
             raise option_error(
                 "spm.vocab_size",
@@ -302,6 +436,25 @@ class PreprocessConfig:
     join: list[str] = field(default_factory=list)
     debug: bool = False  # show tracebacks instead of one-line errors
 
+    def _validate_joint_model(self) -> None:
+        """A multilingual data dir has one SentencePiece model, holding the tags."""
+        s = self.spm
+        if s.src_model is not None:
+            raise option_error(
+                "spm.src_model",
+                s.src_model,
+                "a multilingual build (data.langs or data.pairs) has one joint model",
+                "give spm.model instead, or let nmt-preprocess train one",
+            )
+        if not s.joint:
+            raise option_error(
+                "spm.joint",
+                s.joint,
+                "a multilingual build (data.langs or data.pairs) needs one joint model, "
+                "which holds the language tags",
+                "set spm.joint=true",
+            )
+
     def validate(self) -> None:
         """Raise NmtError naming the first option that cannot work."""
         if self.join:
@@ -318,8 +471,10 @@ class PreprocessConfig:
                 )
             return
         self.data.validate()
-        self.spm.validate()
+        self.spm.validate(tags=len(self.data.tag_pieces()))
         self.clean.validate()
+        if self.data.multilingual:
+            self._validate_joint_model()
         if self.workers < 1:
             raise option_error(
                 "workers", self.workers, "must be 1 or more", "use 1 to encode in this process"

@@ -33,6 +33,8 @@ from nmt.fsutil import atomic_directory, remove_stale_temps
 
 # what every shard must agree on, and what to do otherwise
 _SAME = {
+    "langs": "build every shard with the same data.langs and data.pairs",
+    "directions": "build every shard with the same data.langs and data.pairs",
     "src_lang": "build every shard with the same data.src and data.tgt",
     "tgt_lang": "build every shard with the same data.src and data.tgt",
     "joint_vocab": "build every shard with the same SentencePiece model(s)",
@@ -91,6 +93,9 @@ def join_data_dirs(
             normalization=dict(first.normalization),
             splits=splits,
             config=config,
+            langs=list(first.langs),
+            directions=dict(first.directions),
+            lang_tags=dict(first.lang_tags),
         )
         write_meta(out, meta)
     sharded = [name for name, info in splits.items() if info.shards]
@@ -137,7 +142,7 @@ def _join_split(
     out: Path,
 ) -> SplitInfo:
     """Link the split's files into `out`; one input: as they are, several: as shards."""
-    langs = (meta.src_lang, meta.tgt_lang)
+    langs = tuple(found[0][1].langs) or (meta.src_lang, meta.tgt_lang)  # multilingual: its pair
     if len(found) == 1:
         i, info = found[0]
         for prefix in info.shard_prefixes(name):
@@ -164,6 +169,7 @@ def _join_split(
         src_tokens=sum(s.src_tokens for s in infos),
         tgt_tokens=sum(s.tgt_tokens for s in infos),
         shards=shards,
+        langs=list(infos[0].langs),
     )
 
 

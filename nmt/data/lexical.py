@@ -224,7 +224,8 @@ def read_pairs(
         )
     sides: list[list[TokenArray]] = [[], []]
     for prefix in info.shard_prefixes(split):
-        for side, lang in enumerate((meta.src_lang, meta.tgt_lang)):
+        # a multilingual data dir's split names its own pair (train.en-de)
+        for side, lang in enumerate(info.langs or (meta.src_lang, meta.tgt_lang)):
             path = Path(data_dir) / f"{prefix}.{lang}"
             if not Path(f"{path}.bin").is_file():
                 raise NmtError(f"split={split}: {path}.bin is missing; choose a parallel split")

@@ -45,13 +45,22 @@ class BuildReport:
             else f"vocabularies of {meta.src_vocab_size} ({meta.src_lang}) and "
             f"{meta.tgt_vocab_size} ({meta.tgt_lang})"
         )
-        out.append(f"{meta.src_lang}->{meta.tgt_lang}, {vocab} pieces, {meta.dtype} ids")
+        if meta.multilingual:
+            n = len(meta.directions)
+            out.append(
+                f"{', '.join(meta.langs)}: {n} direction{'s' if n > 1 else ''} "
+                f"({', '.join(meta.directions)}), "
+                f"{vocab} pieces with {len(meta.lang_tags)} language tags, {meta.dtype} ids"
+            )
+        else:
+            out.append(f"{meta.src_lang}->{meta.tgt_lang}, {vocab} pieces, {meta.dtype} ids")
         width = max(len(name) for name in meta.splits)
         for name, s in meta.splits.items():
+            src_lang, tgt_lang = s.langs or (meta.src_lang, meta.tgt_lang)
             removed = ", ".join(f"{rule} {n}" for rule, n in s.removed.items())
             out.append(
                 f"  {name:<{width}} {s.lines:>9} lines {s.kept:>9} kept   tokens "
-                f"{s.src_tokens} {meta.src_lang} / {s.tgt_tokens} {meta.tgt_lang}   "
+                f"{s.src_tokens} {src_lang} / {s.tgt_tokens} {tgt_lang}   "
                 f"removed: {removed}"
             )
         if self.joined:

@@ -81,6 +81,16 @@ class Tokenizer:
                 "eos=2 unk=3; let nmt-preprocess train the model instead"
             )
 
+    def control_symbol_ids(self, pieces: Iterable[str]) -> dict[str, int]:
+        """piece -> id of those of `pieces` that are control symbols of the model (the
+        language tags of a multilingual model: text never encodes to them)."""
+        found = {}
+        for piece in pieces:
+            i = self._sp.piece_to_id(piece)  # the unknown id when not a piece
+            if self._sp.id_to_piece(i) == piece and self._sp.is_control(i):
+                found[piece] = i
+        return found
+
     def encode(self, text: str) -> list[int]:
         """Ids of already normalized text, without EOS."""
         return self._sp.encode(text)
@@ -185,8 +195,12 @@ def train_tokenizer(
     num_threads: int,
     seed: int,
     what: str,
+    control_symbols: Sequence[str] = (),
 ) -> Tokenizer:
-    """Train a model on normalized sentences; `what` names the training text in errors."""
+    """Train a model on normalized sentences; `what` names the training text in errors.
+
+    `control_symbols` (language tags) get ids of their own that no text encodes to and
+    that decode to ""; `user_defined_symbols` are pieces text does encode to."""
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
@@ -200,6 +214,7 @@ def train_tokenizer(
             input_sentence_size=input_sentence_size,
             shuffle_input_sentence=True,
             user_defined_symbols=list(user_defined_symbols),
+            control_symbols=list(control_symbols),
             bos_id=BOS,
             pad_id=PAD,
             eos_id=EOS,

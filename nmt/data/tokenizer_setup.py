@@ -74,7 +74,7 @@ def setup_tokenizers(
         src_tok = _reuse(s.src_model, "spm.src_model")
         tgt_tok = _reuse(s.tgt_model, "spm.tgt_model")
     elif s.joint:
-        what = f"{train}.{{{d.src},{d.tgt}}}"
+        what = f"{train}.{{{','.join(d.languages())}}}"  # a multilingual build is joint
         src_tok = tgt_tok = _train(cfg, samples.reservoirs.pop("joint"), what, log)
     else:
         src_tok = _train(cfg, samples.reservoirs.pop("src"), f"{train}.{d.src}", log)
@@ -99,6 +99,22 @@ def _reuse(path: str, key: str) -> Tokenizer:
     tok = Tokenizer.from_file(file)
     tok.check_special_ids(f"{key}={path}")
     return tok
+
+
+def check_reused_model(cfg: PreprocessConfig) -> None:
+    """The model spm.model names, if any, is there with nmt's special ids and (in a
+    multilingual build) the language tags as control symbols: checked before slow work."""
+    path, tags = cfg.spm.model, list(cfg.data.tag_pieces().values())
+    if path is None:
+        return
+    tok = _reuse(path, "spm.model")
+    missing = [tag for tag in tags if tag not in tok.control_symbol_ids(tags)]
+    if missing:
+        raise NmtError(
+            f"spm.model={path}: lacks the language tags {' '.join(missing)} as control "
+            "symbols; give a model nmt-preprocess trained with these data.langs, or "
+            "leave spm.model out to train one"
+        )
 
 
 def _train(
@@ -159,6 +175,7 @@ def _train_child(
             num_threads=s.num_threads,
             seed=s.seed,
             what=what,
+            control_symbols=list(cfg.data.tag_pieces().values()),
         )
     except NmtError as exc:
         sender.send(("error", str(exc)))
