@@ -193,7 +193,7 @@ def after_update(
     if (u % cfg.logging.interval == 0 or end_of_epoch or stop) and t.meter.updates:
         log_train(t, finished_epoch)
     do_valid = (
-        t.data.valid is not None
+        bool(t.data.valid_sets)
         and stop != "signal"
         and (
             (cfg.validation.interval_updates and u % cfg.validation.interval_updates == 0)
@@ -204,7 +204,7 @@ def after_update(
     best_value = None
     if do_valid:
         metrics = validation.validate(t)
-        value = metrics[cfg.validation.best_metric]
+        value = validation.tracked_value(metrics, cfg)
         if t.best.update(value):
             best_value = value
         metrics["best"] = t.best.best
@@ -215,8 +215,10 @@ def after_update(
             and stop is None
         ):
             stop = "patience"
+            of = f" of {cfg.validation.direction}" if cfg.validation.direction else ""
             t.logger.message(
-                f"patience: {cfg.validation.best_metric} did not improve in {cfg.validation.patience} validations"
+                f"patience: {cfg.validation.best_metric}{of} did not improve in "
+                f"{cfg.validation.patience} validations"
             )
     state.save_after_update(
         t,
