@@ -50,6 +50,20 @@ def _at_least(key: str, value: float, low: float, fix: str) -> None:
         raise option_error(key, value, f"must be {low:g} or more", fix)
 
 
+def _check_direction(key: str, value: Any, item: Any = None) -> None:
+    """Option `key`'s `value` (or its `item`, of a list) must read source-target ("en-de")."""
+    direction = value if item is None else item
+    try:
+        parse_direction(direction, key)
+    except NmtError:
+        raise option_error(
+            key,
+            value,
+            "not a direction" if item is None else f"{item!r} is not a direction",
+            "write source-target with two different language codes, e.g. en-de",
+        ) from None
+
+
 def _in_unit_range(key: str, value: float, fix: str, *, closed: bool = False) -> None:
     """value in [0, 1) (or [0, 1] when `closed`)."""
     if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):
@@ -217,7 +231,7 @@ class ValidationConfig:
 
     def validate(self) -> None:
         if self.direction is not None:
-            parse_direction(self.direction, "validation.direction")
+            _check_direction("validation.direction", self.direction)
         if self.best_metric not in BEST_METRICS:
             raise choice_error("validation.best_metric", self.best_metric, BEST_METRICS)
         if self.best_metric == "bleu" and not self.bleu.enabled:
@@ -515,7 +529,7 @@ class TrainConfig:
         if self.lang_tag not in TAG_STYLES:
             raise choice_error("lang_tag", self.lang_tag, TAG_STYLES)
         for direction in self.directions:
-            parse_direction(direction, "directions")
+            _check_direction("directions", list(self.directions), direction)
         if len(set(self.directions)) != len(self.directions):
             raise option_error(
                 "directions", list(self.directions), "names a direction twice", "name each once"
