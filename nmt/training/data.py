@@ -360,11 +360,19 @@ def _train_corpora(
     corpora = []
     for stem, weight in cfg.train_weights().items():
         for split, src, tgt, direction in _direction_splits(meta, stem, languages):
+            if split not in meta.splits and direction:
+                raise option_error(
+                    "train_split",
+                    stem,
+                    f"{meta_json} has no split {split}, which {direction} would read",
+                    "name splits every direction has, or train the directions that have it "
+                    "(directions=[...])",
+                )
             if split not in meta.splits:
-                has = f"{meta_json} has splits {sorted(meta.splits)}"
-                if direction:
-                    has = f"{meta_json} has no split {split} for {direction} (it has {sorted(meta.splits)})"
-                raise NmtError(f"train_split={stem}: {has}; choose one of them")
+                raise NmtError(
+                    f"train_split={stem}: {meta_json} has splits "
+                    f"{sorted(meta.splits)}; choose one of them"
+                )
             src_prefix: tuple[int, ...] = ()
             tgt_prefix: tuple[int, ...] = ()
             if languages is not None:

@@ -160,7 +160,8 @@ def _train(t: Trainer, signals: StopSignals) -> TrainResult:
         best=t.best.best,
         oom_skipped=t.oom_skips,
     )
-    best = "" if t.best.best is None else f"; best {cfg.validation.best_metric} {t.best.best:.4f}"
+    tracked = validation.tracked_name(cfg)
+    best = "" if t.best.best is None else f"; best {tracked} {t.best.best:.4f}"
     ooms = f"; {t.oom_skips} updates skipped (out of memory)" if t.oom_skips else ""
     t.logger.message(f"stopped ({stop}) after {progress.num_updates} updates{best}{ooms}")
     return TrainResult(
@@ -215,9 +216,8 @@ def after_update(
             and stop is None
         ):
             stop = "patience"
-            of = f" of {cfg.validation.direction}" if cfg.validation.direction else ""
             t.logger.message(
-                f"patience: {cfg.validation.best_metric}{of} did not improve in "
+                f"patience: {validation.tracked_name(cfg)} did not improve in "
                 f"{cfg.validation.patience} validations"
             )
     state.save_after_update(

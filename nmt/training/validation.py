@@ -136,6 +136,12 @@ def tracked_value(metrics: dict[str, Any], cfg: TrainConfig) -> float:
     return float(metrics[cfg.validation.best_metric])
 
 
+def tracked_name(cfg: TrainConfig) -> str:
+    """What tracked_value is, for the log: "loss", or "loss of en-de"."""
+    of = f" of {cfg.validation.direction}" if cfg.validation.direction else ""
+    return f"{cfg.validation.best_metric}{of}"
+
+
 def decode_for_validation(
     model: Transformer,
     batch: Batch,

@@ -33,7 +33,7 @@ DIRECTIONS = ["en-de", "de-en", "en-fr", "fr-en", "de-fr", "fr-de"]
 
 def multi_config(data_dir: Path, save_dir: Path, **overrides):
     """tiny_config on the multilingual data dir: its `train` split, validation off."""
-    return tiny_config(data_dir, save_dir, train_split="train", **overrides)
+    return tiny_config(data_dir, save_dir, **{"train_split": "train", **overrides})
 
 
 def tag_ids(data_dir: Path) -> dict[str, int]:
@@ -100,6 +100,14 @@ def test_directions_and_validation_direction_must_be_the_data_dirs(multilingual_
         validation={"split": "valid", "direction": "en-fr"},
     )
     with pytest.raises(NmtError, match=r"^validation.direction=en-fr: not a direction this run"):
+        load_train_data(cfg)
+
+
+def test_splits_missing_for_a_direction_are_one_line_errors(multilingual_data_dir, tmp_path):
+    with pytest.raises(NmtError, match=r"^train_split=test: .* has no split test.en-de, which en"):
+        load_train_data(multi_config(multilingual_data_dir, tmp_path, train_split="test"))
+    cfg = multi_config(multilingual_data_dir, tmp_path, validation={"split": "dev"})
+    with pytest.raises(NmtError, match=r"^validation.split=dev: .* has no split dev.en-de \(it"):
         load_train_data(cfg)
 
 
