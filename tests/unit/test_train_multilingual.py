@@ -154,6 +154,18 @@ def test_every_pair_carries_its_directions_tags_and_its_sizes_count_them(
     assert de_source.tolist() == de_target.tolist()
 
 
+def test_prefixed_lengths_grow_into_a_wider_dtype_when_they_must(tmp_path):
+    from nmt.data.binarize import TokenArray, TokenArrayWriter
+    from nmt.data.dataset import PrefixedSequences
+
+    writer = TokenArrayWriter(tmp_path / "side", np.dtype(np.uint16))
+    writer.add(np.full(255 + 3, 9), np.array([255, 3]))
+    writer.close()
+    seqs = PrefixedSequences(TokenArray(str(tmp_path / "side")), [5, 6])
+    assert seqs.lengths().tolist() == [257, 5] and seqs.sizes.tolist() == [257, 5]
+    assert seqs[1].tolist() == [5, 6, 9, 9, 9]
+
+
 @pytest.mark.parametrize("style", ["src_tgt", "decoder"])
 def test_subword_sampling_keeps_the_tags(multilingual_data_dir, tmp_path, style):
     cfg = multi_config(
