@@ -5,6 +5,8 @@
 tests/integration/test_preprocess_cli.py) into a temporary directory, by
 `nmt.data.build_data_dir`. Training, generation and end-to-end tests build on it instead of
 preprocessing again.
+`multilingual_data_dir` (session): en, de and fr in one data dir, built to meta.json's
+contract by tests/helpers_multilingual.py.
 `tiny_trained_checkpoint` (session): a tiny model trained briefly on it, for tests of
 search, batching and decoding options that need a model which has learned something.
 `small_corpus` / `preprocess_config`: a few hundred demo lines and a fast config for tests
@@ -73,6 +75,14 @@ def demo_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     build_data_dir(cfg)
     return dest
+
+
+@pytest.fixture(scope="session")
+def multilingual_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small multilingual data dir (en, de, fr; tests/helpers_multilingual.py)."""
+    from tests.helpers_multilingual import build_multilingual_data_dir
+
+    return build_multilingual_data_dir(DEMO_CORPUS, tmp_path_factory.mktemp("multi") / "data")
 
 
 @pytest.fixture(scope="session")

@@ -73,6 +73,36 @@ class ConcatSequences:
         return np.concatenate(parts).astype(np.result_type(*parts), copy=False)
 
 
+class PrefixedSequences:
+    """Token sequences with the same ids put before each one (a multilingual model's language
+    tags, nmt.data.languages): item i is prefix + seqs[i], its size seqs' + len(prefix), so
+    that batching and size limits see the sequences as the model does."""
+
+    def __init__(self, seqs: TokenSequences, prefix: Sequence[int]) -> None:
+        self.seqs = seqs
+        self.prefix = np.asarray(prefix, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.concatenate([self.prefix, self.seqs[i]])
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.asarray(self.seqs.sizes, dtype=np.int64) + len(self.prefix)
+
+    def lengths(self, limit: int | None = None) -> np.ndarray:
+        lengths = compact_lengths(self.seqs, limit)
+        longest = int(lengths.max(initial=0)) + len(self.prefix)
+        return lengths.astype(np.min_scalar_type(longest)) + len(self.prefix)
+
+
+def prefixed(seqs: TokenSequences, prefix: Sequence[int]) -> TokenSequences:
+    """`seqs` with `prefix` before each sequence (`seqs` itself when the prefix is empty)."""
+    return PrefixedSequences(seqs, prefix) if len(prefix) else seqs
+
+
 class PairDataset:
     """Sentence pair i = (src[i], tgt[i]); both end in EOS. With `limit`, only the first
     `limit` pairs (a bounded validation set)."""

@@ -30,6 +30,10 @@ that growth over a seeded sample of pairs; `max_tokens` then holds for the drawn
 it does without sampling: a pair whose draw would not fit (rows x longest side over
 max_tokens, or longer than the model's positions) is drawn again, up to RETRIES times,
 then keeps its stored segmentation.
+
+Control symbols that start a sentence (a multilingual model's language tags,
+nmt.data.languages) are not text: they decode to nothing, so they are kept as they are
+and put back before the drawn segmentation.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class Segmenter:
                 "(a restricted vocabulary); preprocess again without one"
             )
         self.dummy_prefix = spec.add_dummy_prefix
+        self.control_ids = {i for i, p in enumerate(proto.pieces) if p.type == CONTROL}
         # Pieces text can be cut into: normal, user-defined and (never emitted) unused ones.
         self.pieces: dict[str, _Piece] = {}
         self.byte_ids: dict[int, int] = {}
@@ -354,6 +359,7 @@ class SubwordSampler:
         of pairs kept as stored because no draw fit)."""
         out: list[Pair] = list(pairs)
         texts: dict[int, list[str | None]] = {}
+        tags = {s: [self._leading_controls(s, pair[s]) for pair in pairs] for s in self.sides}
         for s in self.sides:
             stored = [pair[s] for pair in pairs]
             decoded = self.tokenizers[s].decode_batch(stored)
@@ -369,13 +375,21 @@ class SubwordSampler:
                     text = texts[s][i]
                     if text is not None:
                         ids = self.segmenters[s].sample(text, rng)
-                        candidate[s] = np.array([*ids, EOS], dtype=np.int64)
+                        candidate[s] = np.array([*tags[s][i], *ids, EOS], dtype=np.int64)
                 if len(candidate[0]) <= limits[0] and len(candidate[1]) <= limits[1]:
                     out[i] = (candidate[0], candidate[1])
                     break
             else:
                 kept += 1
         return out, kept
+
+    def _leading_controls(self, side: int, seq: np.ndarray) -> list[int]:
+        """The control symbols (language tags) `seq` starts with, before its text."""
+        controls = self.segmenters[side].control_ids
+        k = 0
+        while k < len(seq) - 1 and int(seq[k]) in controls:
+            k += 1
+        return [int(i) for i in seq[:k]]
 
     def packing_factor(self, dataset: PairDataset, indices: np.ndarray | None) -> float:
         """How much longer a drawn pair is than its stored segmentation (longer side over

@@ -18,6 +18,7 @@ checkpointing.py  which checkpoint files a run writes and keeps; RNG state captu
 run_dir.py        where save_dir may be, and its lock (one run per save_dir)
 data.py           the training data and its batches; the valid split
 identity.py       the data dir against its meta.json and the checkpoint's record
+multilingual.py   a multilingual run's directions, tags and temperature sampling
 validation.py     valid loss and BLEU
 loss.py           label-smoothed cross-entropy, fused with the output layer
 optim.py          Adam and learning-rate schedules, as pure functions

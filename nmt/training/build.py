@@ -73,7 +73,11 @@ def _build(
     )
     scaler = LossScaler(cfg.fp16.init_scale, enabled=rt.precision == "fp16")
     maximize = cfg.validation.best_metric == "bleu"
-    best = BestTracker(cfg.validation.best_metric, maximize)
+    # a best of another direction (validation.direction) is another figure: it starts afresh
+    tracked = cfg.validation.best_metric
+    if cfg.validation.direction:
+        tracked += f"@{cfg.validation.direction}"
+    best = BestTracker(tracked, maximize)
     checkpoints = CheckpointManager(
         cfg.run_dir(),
         keep_last=cfg.checkpoint.keep_last,

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from nmt.data.languages import TAG_STYLES, parse_direction
 from nmt.errors import NmtError, choice_error, option_error, setting
 from nmt.model.config import ModelConfig
 
@@ -47,6 +48,20 @@ LIKELY_HOURS = 48
 def _at_least(key: str, value: float, low: float, fix: str) -> None:
     if value < low:
         raise option_error(key, value, f"must be {low:g} or more", fix)
+
+
+def _check_direction(key: str, value: Any, item: Any = None) -> None:
+    """Option `key`'s `value` (or its `item`, of a list) must read source-target ("en-de")."""
+    direction = value if item is None else item
+    try:
+        parse_direction(direction, key)
+    except NmtError:
+        raise option_error(
+            key,
+            value,
+            "not a direction" if item is None else f"{item!r} is not a direction",
+            "write source-target with two different language codes, e.g. en-de",
+        ) from None
 
 
 def _in_unit_range(key: str, value: float, fix: str, *, closed: bool = False) -> None:
@@ -209,9 +224,14 @@ class ValidationConfig:
     every_epoch: bool = True  # validate at the end of each epoch
     best_metric: str = "loss"  # loss | nll (lower is better) | bleu (higher; needs bleu.enabled)
     patience: int = 0  # stop after this many validations without a new best; 0 = off
+    # a multilingual run: the direction ("en-de") whose figure picks the best checkpoint and
+    # drives patience; null = the mean over the directions validated
+    direction: Optional[str] = None
     bleu: BleuConfig = field(default_factory=BleuConfig)
 
     def validate(self) -> None:
+        if self.direction is not None:
+            _check_direction("validation.direction", self.direction)
         if self.best_metric not in BEST_METRICS:
             raise choice_error("validation.best_metric", self.best_metric, BEST_METRICS)
         if self.best_metric == "bleu" and not self.bleu.enabled:
@@ -401,6 +421,13 @@ class TrainConfig:
     # each epoch takes weight x size pairs of each (2 = every pair twice, 0.5 = a random half)
     train_split: Any = "train"
 
+    # --- languages (a multilingual data dir; a single pair leaves them at their defaults) ---
+    lang_tag: str = "tgt"  # where language tags go: tgt | src_tgt | decoder (nmt.data.languages)
+    directions: list[str] = field(default_factory=list)  # directions to train; [] = all
+    # each epoch draws direction d's pairs in proportion to size_d^(1/T), over as many pairs
+    # in all as T=1 does: 1 = as they come, larger = closer to uniform over directions
+    sampling_temperature: float = 1.0
+
     # --- model and optimizer (config groups) ---
     model: ModelConfig = field(default_factory=ModelConfig)  # configs/model/<preset>.yaml
     optim: OptimConfig = field(default_factory=OptimConfig)  # configs/optim/<recipe>.yaml
@@ -449,6 +476,7 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise choice_error("precision", self.precision, PRECISIONS)
         self.train_weights()  # checks train_split
+        self._validate_languages()
         _at_least(
             "max_tokens", self.max_tokens, 1, "use e.g. 4096 (tokens per batch, padding included)"
         )
@@ -496,6 +524,23 @@ class TrainConfig:
             )
         if self.optim.scheduler == "cosine" and self.optim.schedule_unit == "updates":
             self.optim.decay_end(self.max_update)
+
+    def _validate_languages(self) -> None:
+        if self.lang_tag not in TAG_STYLES:
+            raise choice_error("lang_tag", self.lang_tag, TAG_STYLES)
+        for direction in self.directions:
+            _check_direction("directions", list(self.directions), direction)
+        if len(set(self.directions)) != len(self.directions):
+            raise option_error(
+                "directions", list(self.directions), "names a direction twice", "name each once"
+            )
+        if not (math.isfinite(self.sampling_temperature) and self.sampling_temperature > 0):
+            raise option_error(
+                "sampling_temperature",
+                self.sampling_temperature,
+                "must be positive",
+                "use 1 (each direction as its size), 5 (closer to uniform) or more",
+            )
 
     def data_dir(self) -> str:
         """`data`, which every run needs: NmtError when it is not given."""

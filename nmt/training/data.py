@@ -13,6 +13,14 @@ pairs of each: a whole weight repeats every pair (2 = each pair twice), a fracti
 random part drawn anew every epoch from (seed, epoch). The mix is in the run's config
 (config.yaml, the checkpoints' `config`), and the log names each corpus's share.
 
+A multilingual data dir (nmt.training.multilingual): each split of train_split and each
+direction trained is one corpus of the mix, read in the direction's orientation from the
+pair's split (`train.en-de` for en-de and de-en), its sentences with their language tags
+in front (nmt.data.dataset.PrefixedSequences: batching, size limits and subword sampling
+see the tagged lengths). Temperature sampling multiplies the weights of each direction's
+corpora by p_d N / n_d, computed on each epoch's usable pairs. Validation reads each
+direction's part of the valid split, tagged the same way (`valid_sets`, one per direction).
+
 Every problem with the data dir is an NmtError naming the file, split or key at fault.
 """
 
@@ -32,25 +40,58 @@ from nmt.data.batching import (
     fixed_batches,
     index_dtype,
 )
-from nmt.data.dataset import ConcatSequences, PairDataset, load_pair_dataset, open_side
+from nmt.data.dataset import (
+    ConcatSequences,
+    PairDataset,
+    load_pair_dataset,
+    open_side,
+    prefixed,
+)
+from nmt.data.languages import LanguageTags
 from nmt.data.meta import DataMeta, load_meta
 from nmt.data.subword_sampling import SubwordSampler
 from nmt.errors import NmtError, option_error
 from nmt.training.config import TrainConfig
 from nmt.training.identity import checked_tokenizers, read_splits, split_counts
+from nmt.training.multilingual import (
+    check_language_options,
+    language_tags,
+    temperature_factors,
+)
 from nmt.vocab import SPECIAL_IDS
 
 
 @dataclass(frozen=True)
 class TrainCorpus:
-    """One training split of the mix: its weight and its shards' file prefixes."""
+    """One training split of the mix: its weight and its shards' file prefixes; in a
+    multilingual data dir, one direction of a pair's split, with its tag ids."""
 
     split: str
     weight: float
     shards: list[str]
+    src_lang: str
+    tgt_lang: str
+    direction: str = ""  # "en-de" in a multilingual data dir
+    src_prefix: tuple[int, ...] = ()  # tag ids before each source sentence
+    tgt_prefix: tuple[int, ...] = ()  # tag ids before each target sentence
 
     def shard_of(self, epoch: int) -> int:
         return (epoch - 1) % len(self.shards)
+
+    @property
+    def name(self) -> str:
+        return f"{self.split} ({self.direction})" if self.direction else self.split
+
+
+@dataclass
+class ValidSet:
+    """The valid split of one direction (direction "" for a single pair) in fixed batches."""
+
+    direction: str
+    dataset: PairDataset
+    batches: BatchList | list[np.ndarray]
+    bleu_indices: np.ndarray  # the pairs decoded for BLEU
+    target_prefix: tuple[int, ...] = ()  # forced first target ids (lang_tag=decoder)
 
 
 @dataclass
@@ -63,9 +104,7 @@ class TrainData:
     corpora: list[TrainCorpus]
     train: PairDataset  # the corpora (their shards of the current epoch) end to end
     train_indices: np.ndarray | None  # its pairs that fit the model and max_tokens; None: all
-    valid: PairDataset | None  # None: validation is off
-    valid_batches: BatchList | list[np.ndarray]  # the valid split in fixed batches
-    bleu_indices: np.ndarray  # the valid pairs decoded for BLEU
+    valid_sets: list[ValidSet]  # one per direction validated; []: validation is off
     max_tokens: int
     max_sentences: int
     seed: int
@@ -75,6 +114,8 @@ class TrainData:
     notes: list[str] = field(default_factory=list)
     sampler: SubwordSampler | None = None  # subword regularization; None: as stored
     packing_tokens: int = 0  # the stored tokens a batch is packed to; 0: max_tokens
+    languages: LanguageTags | None = None  # a multilingual data dir's; None: a single pair
+    temperature: float = 1.0  # sampling_temperature (multilingual)
     _epoch_shards: tuple[int, ...] = ()
     _offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     _tgt_tokenizer: Any = field(default=None, repr=False)
@@ -108,16 +149,20 @@ class TrainData:
         shards = tuple(c.shard_of(epoch) for c in self.corpora)
         if shards == self._epoch_shards:
             return
-        meta = self.meta
         sides: list[list[Any]] = [[], []]
         for corpus, k in zip(self.corpora, shards):
-            for side, lang in zip(sides, (meta.src_lang, meta.tgt_lang)):
-                side.append(
-                    open_side(self.data_dir, corpus.shards[k], lang, corpus.split, meta.dtype)
+            for side, lang, prefix in zip(
+                sides,
+                (corpus.src_lang, corpus.tgt_lang),
+                (corpus.src_prefix, corpus.tgt_prefix),
+            ):
+                seqs = open_side(
+                    self.data_dir, corpus.shards[k], lang, corpus.split, self.meta.dtype
                 )
+                side.append(prefixed(seqs, prefix))
         src, tgt = (s[0] if len(s) == 1 else ConcatSequences(s) for s in sides)
         name = "+".join(
-            c.split + (f"[shard {k + 1}/{len(c.shards)}]" if len(c.shards) > 1 else "")
+            c.name + (f"[shard {k + 1}/{len(c.shards)}]" if len(c.shards) > 1 else "")
             for c, k in zip(self.corpora, shards)
         )
         self.train = PairDataset(src, tgt, name=f"{self.data_dir}/{name}")
@@ -128,23 +173,26 @@ class TrainData:
             self.notes += notes + self._mix_notes()
 
     def mixed_indices(self, epoch: int) -> np.ndarray | None:
-        """The pairs of `epoch`, each corpus repeated by its weight (None: every pair once)."""
-        if all(c.weight == 1.0 for c in self.corpora):
+        """The pairs of `epoch`, each corpus repeated by its weight times its direction's
+        temperature factor (None: every pair once)."""
+        if all(c.weight == 1.0 for c in self.corpora) and self.temperature == 1.0:
             return self.train_indices
         n = len(self.train)
         usable = np.arange(n, dtype=index_dtype(n)) if self.train_indices is None else None
-        parts = []
-        for c, corpus in enumerate(self.corpora):
+        pairs = []
+        for c in range(len(self.corpora)):
             lo, hi = int(self._offsets[c]), int(self._offsets[c + 1])
             if usable is not None:
-                mine = usable[lo:hi]
+                pairs.append(usable[lo:hi])
             else:
                 kept = self.train_indices
                 assert kept is not None
-                mine = kept[np.searchsorted(kept, lo) : np.searchsorted(kept, hi)]
-            whole = math.floor(corpus.weight)
+                pairs.append(kept[np.searchsorted(kept, lo) : np.searchsorted(kept, hi)])
+        parts = []
+        for c, (mine, weight) in enumerate(zip(pairs, self._weights(pairs))):
+            whole = math.floor(weight)
             parts += [mine] * whole
-            extra = round((corpus.weight - whole) * len(mine))
+            extra = round((weight - whole) * len(mine))
             if extra:  # a random part, drawn anew each epoch
                 rng = np.random.default_rng([self.seed, epoch, 1 + c])
                 parts.append(np.sort(rng.choice(mine, size=extra, replace=False)))
@@ -152,7 +200,18 @@ class TrainData:
             return np.zeros(0, dtype=index_dtype(n))
         return np.concatenate(parts).astype(index_dtype(n), copy=False)
 
+    def _weights(self, pairs: list[np.ndarray]) -> list[float]:
+        """Each corpus's weight times its direction's temperature factor, from the usable
+        `pairs` of each corpus this epoch (nmt.training.multilingual.temperature_factors)."""
+        sizes: dict[str, float] = {}
+        for corpus, mine in zip(self.corpora, pairs):
+            sizes[corpus.direction] = sizes.get(corpus.direction, 0.0) + corpus.weight * len(mine)
+        factors = temperature_factors(sizes, self.temperature)
+        return [c.weight * factors[c.direction] for c in self.corpora]
+
     def _mix_notes(self) -> list[str]:
+        if self.languages is not None:
+            return self._direction_notes()
         if len(self.corpora) == 1 and self.corpora[0].weight == 1.0:
             count = len(self.corpora[0].shards)
             return [f"train: {count} shards, one per epoch, in turn"] if count > 1 else []
@@ -164,6 +223,33 @@ class TrainData:
         indices = self.mixed_indices(1)
         total = len(self.train) if indices is None else len(indices)
         return [f"train: mixing {', '.join(parts)}: {total} pairs in epoch 1"]
+
+    def _direction_notes(self) -> list[str]:
+        """The pairs of each direction in epoch 1, and their tags."""
+        assert self.languages is not None
+        indices = self.mixed_indices(1)
+        if indices is None:
+            indices = np.arange(len(self.train))
+        drawn = np.bincount(
+            np.searchsorted(self._offsets, indices, side="right") - 1, minlength=len(self.corpora)
+        )
+        stored: dict[str, int] = {}
+        taken: dict[str, int] = {}
+        for c, corpus in enumerate(self.corpora):
+            d = corpus.direction
+            stored[d] = stored.get(d, 0) + int(self._offsets[c + 1] - self._offsets[c])
+            taken[d] = taken.get(d, 0) + int(drawn[c])
+        total = max(sum(taken.values()), 1)
+        parts = [
+            f"{d} {taken[d]} ({stored[d]} stored, {100 * taken[d] / total:.1f}%)" for d in stored
+        ]
+        tags = self.languages
+        return [
+            f"train: {len(stored)} directions, sampling_temperature={self.temperature:g}, "
+            f"pairs in epoch 1: {', '.join(parts)}",
+            f"train: lang_tag={tags.style}: "
+            + ", ".join(f"{lang} {tags.pieces.get(lang, '')}={i}" for lang, i in tags.ids.items()),
+        ]
 
     def tgt_tokenizer(self):
         """The target Tokenizer (validation BLEU detokenizes with it), built on first use."""
@@ -185,6 +271,7 @@ class TrainData:
             "special_ids": dict(meta.special_ids),
             "normalization": dict(meta.normalization),
             "splits": split_counts(meta, self.read_splits),
+            **({"languages": self.languages.to_dict()} if self.languages is not None else {}),
         }
 
 
@@ -213,48 +300,89 @@ def load_train_data(cfg: TrainConfig, epoch: int = 1) -> TrainData:
             f"{meta_json}: special_ids {meta.special_ids} differ from nmt's {SPECIAL_IDS}; "
             "rebuild the data dir with nmt-preprocess"
         )
+    check_language_options(cfg, meta)
     notes: list[str] = []
     src_tokenizer, tgt_tokenizer = checked_tokenizers(cfg, meta, notes)
-    corpora = []
-    for split, weight in cfg.train_weights().items():
-        if split not in meta.splits:
-            raise NmtError(
-                f"train_split={split}: {meta_json} has splits "
-                f"{sorted(meta.splits)}; choose one of them"
-            )
-        corpora.append(TrainCorpus(split, weight, meta.splits[split].shard_prefixes(split)))
+    languages = language_tags(cfg, meta, src_tokenizer) if meta.multilingual else None
     m = cfg.model
     data = TrainData(
         meta=meta,
         tokenizer_bytes={"src": src_tokenizer.model_bytes, "tgt": tgt_tokenizer.model_bytes},
-        corpora=corpora,
+        corpora=_train_corpora(cfg, meta, languages),
         train=PairDataset(_NO_SENTENCES, _NO_SENTENCES),  # opened by load_epoch
         train_indices=None,
-        valid=None,
-        valid_batches=[],
-        bleu_indices=np.zeros(0, dtype=np.int64),
+        valid_sets=[],
         max_tokens=cfg.max_tokens,
         max_sentences=cfg.max_sentences,
         seed=cfg.seed,
         max_positions=(m.max_source_positions, m.max_target_positions),
         data_dir=str(cfg.data),
-        read_splits=read_splits(cfg),
+        read_splits=read_splits(cfg, meta),
+        languages=languages,
+        temperature=cfg.sampling_temperature,
         _tgt_tokenizer=tgt_tokenizer,
     )
-    if cfg.validation.split and cfg.validation.split not in meta.splits:
-        raise option_error(
-            "validation.split",
-            cfg.validation.split,
-            f"{meta_json} has no such split (it has {', '.join(sorted(meta.splits))})",
-            "choose one of them, or set validation.split=null to train without validation",
-        )
+    if cfg.validation.split:
+        for split, _, _, _ in _direction_splits(meta, cfg.validation.split, languages):
+            if split not in meta.splits:
+                raise option_error(
+                    "validation.split",
+                    cfg.validation.split,
+                    f"{meta_json} has no split {split} (it has {', '.join(sorted(meta.splits))})",
+                    "choose one of them, or set validation.split=null to train without validation",
+                )
     data.load_epoch(epoch)
     data.notes[:0] = notes
     if cfg.subword.sampling():
         _set_up_sampling(data, cfg)
     if cfg.validation.split:
-        _load_valid(data, cfg, cfg.validation.split)
+        for split, src, tgt, direction in _direction_splits(meta, cfg.validation.split, languages):
+            _load_valid(data, cfg, split, src, tgt, direction)
     return data
+
+
+def _direction_splits(
+    meta: DataMeta, stem: str, languages: LanguageTags | None
+) -> list[tuple[str, str, str, str]]:
+    """(split, source language, target language, direction) of each direction of `stem`
+    (a split of a single-pair data dir: itself, in the data dir's languages, direction "")."""
+    if languages is None:
+        return [(stem, meta.src_lang, meta.tgt_lang, "")]
+    return [(*meta.direction_split(stem, d), d) for d in languages.directions]
+
+
+def _train_corpora(
+    cfg: TrainConfig, meta: DataMeta, languages: LanguageTags | None
+) -> list[TrainCorpus]:
+    """Each split of train_split (and in a multilingual data dir, each direction trained)
+    as a corpus of the mix, with its weight and tags."""
+    meta_json = Path(cfg.data_dir()) / "meta.json"
+    corpora = []
+    for stem, weight in cfg.train_weights().items():
+        for split, src, tgt, direction in _direction_splits(meta, stem, languages):
+            if split not in meta.splits and direction:
+                raise option_error(
+                    "train_split",
+                    stem,
+                    f"{meta_json} has no split {split}, which {direction} would read",
+                    "name splits every direction has, or train the directions that have it "
+                    "(directions=[...])",
+                )
+            if split not in meta.splits:
+                raise NmtError(
+                    f"train_split={stem}: {meta_json} has splits "
+                    f"{sorted(meta.splits)}; choose one of them"
+                )
+            src_prefix: tuple[int, ...] = ()
+            tgt_prefix: tuple[int, ...] = ()
+            if languages is not None:
+                src_prefix = tuple(languages.source_prefix(src, tgt))
+                tgt_prefix = tuple(languages.target_prefix(tgt))
+            shards = meta.splits[split].shard_prefixes(split)
+            corpora.append(
+                TrainCorpus(split, weight, shards, src, tgt, direction, src_prefix, tgt_prefix)
+            )
+    return corpora
 
 
 def _set_up_sampling(data: TrainData, cfg: TrainConfig) -> None:
@@ -310,20 +438,32 @@ def _filter_train(
     return kept.kept, notes
 
 
-def _load_valid(data: TrainData, cfg: TrainConfig, split: str) -> None:
-    """The valid split (its first validation.max_pairs pairs) must fit the model whole: its
-    line numbers are the raw file's."""
+def _load_valid(
+    data: TrainData, cfg: TrainConfig, split: str, src_lang: str, tgt_lang: str, direction: str
+) -> None:
+    """One direction's valid split (its first validation.max_pairs pairs, tagged as in
+    training) must fit the model whole: its line numbers are the raw file's."""
     m = cfg.model
     info = data.meta.splits[split]
+    limit = cfg.validation.max_pairs or None
     valid = load_pair_dataset(
         cfg.data_dir(),
         split,
-        data.meta.src_lang,
-        data.meta.tgt_lang,
+        src_lang,
+        tgt_lang,
         shards=info.shards,
-        limit=cfg.validation.max_pairs or None,
+        limit=limit,
         dtype=data.meta.dtype,
     )
+    target_prefix: tuple[int, ...] = ()
+    if data.languages is not None:
+        target_prefix = tuple(data.languages.target_prefix(tgt_lang))
+        valid = PairDataset(
+            prefixed(valid.src, data.languages.source_prefix(src_lang, tgt_lang)),
+            prefixed(valid.tgt, target_prefix),
+            name=f"{valid.name} ({direction})",
+            limit=limit,
+        )
     too_long = (valid.src_sizes > m.max_source_positions) | (
         valid.tgt_sizes > m.max_target_positions
     )
@@ -341,12 +481,12 @@ def _load_valid(data: TrainData, cfg: TrainConfig, split: str) -> None:
             f"(validation.max_pairs={cfg.validation.max_pairs})"
         )
     indices = np.arange(len(valid), dtype=np.int64)
-    data.valid = valid
-    data.valid_batches = fixed_batches(
+    batches = fixed_batches(
         indices,
         valid.src_sizes,
         valid.tgt_sizes,
         max_tokens=cfg.validation.max_tokens or cfg.max_tokens,
         max_sentences=cfg.max_sentences,
     )
-    data.bleu_indices = indices[: cfg.validation.bleu.max_sentences or len(valid)]
+    bleu_indices = indices[: cfg.validation.bleu.max_sentences or len(valid)]
+    data.valid_sets.append(ValidSet(direction, valid, batches, bleu_indices, target_prefix))

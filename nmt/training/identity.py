@@ -8,12 +8,13 @@ data it meets is not what it was built or trained on:
 - on resume (and for resume.finetune_from), the checkpoint's `data` entry against the data dir:
   the tokenizers themselves, languages, normalization, vocabulary sizes and, for the splits
   the run reads, their pair and token counts (another corpus with the same vocabulary
-  trains silently on the wrong data otherwise).
+  trains silently on the wrong data otherwise); on resume also the language options of a
+  multilingual run (nmt.training.multilingual: lang_tag, directions, sampling_temperature).
 
 A difference is an NmtError saying what differs, unless `resume.reset_data_check=true` asks to
 train on this data dir all the same: then it is a note in the log, and the following
 checkpoints record the new identity. Vocabulary sizes are never waived: no model of one
-size loads the weights of another.
+size loads the weights of another; nor are the language options, which change the batches.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nmt.data.meta import DataMeta
 from nmt.data.tokenizer import Tokenizer, load_tokenizers
 from nmt.errors import NmtError
 from nmt.training.config import TrainConfig
+from nmt.training.multilingual import check_resumed_languages, trained_directions
 
 OPTION = "resume.reset_data_check=true"
 
@@ -53,9 +55,15 @@ def checked_tokenizers(
     return load_tokenizers(cfg.data_dir(), meta, changed=changed)
 
 
-def read_splits(cfg: TrainConfig) -> list[str]:
-    """The splits a run of `cfg` reads: its training corpora and its valid split."""
-    return list(cfg.train_weights()) + ([cfg.validation.split] if cfg.validation.split else [])
+def read_splits(cfg: TrainConfig, meta: DataMeta) -> list[str]:
+    """The splits a run of `cfg` reads: its training corpora and its valid split (in a
+    multilingual data dir, each of them for the pairs of the directions trained)."""
+    stems = list(cfg.train_weights()) + ([cfg.validation.split] if cfg.validation.split else [])
+    directions = trained_directions(cfg, meta)
+    if not directions:
+        return stems
+    names = (meta.direction_split(stem, d)[0] for stem in stems for d in directions)
+    return list(dict.fromkeys(names))  # a pair's two directions read one split
 
 
 def split_counts(meta: DataMeta, splits: list[str]) -> dict[str, dict[str, int]]:
@@ -109,6 +117,7 @@ def check_checkpoint_data(
             f"checkpoint, {sha} in the data dir)"
         )
     if resuming:
+        check_resumed_languages(ckpt, path, cfg, meta)  # never waived: the batches would differ
         current = {
             "src_lang": meta.src_lang,
             "tgt_lang": meta.tgt_lang,
@@ -119,7 +128,7 @@ def check_checkpoint_data(
                 differences.append(f"{key} {info[key]!r} in the checkpoint, {value!r} here")
         saved_splits = info.get("splits") or {}
         # splits the run reads no more (train_split or validation.split changed) are not compared
-        now = split_counts(meta, [s for s in read_splits(cfg) if s in saved_splits])
+        now = split_counts(meta, [s for s in read_splits(cfg, meta) if s in saved_splits])
         for name, counts in now.items():
             if saved_splits[name] != counts:
                 differences.append(

@@ -126,15 +126,26 @@ class TrainLogger:
             )
         self.message(f"epoch {epoch:03d} | update {update:6d} | {_fmt(metrics)}")
 
-    def valid(self, update: int, epoch: int, metrics: dict[str, float]) -> None:
+    def valid(self, update: int, epoch: int, metrics: dict[str, Any]) -> None:
+        """A validation's figures; a multilingual run's have each direction's under
+        `directions` (TensorBoard: valid/<direction>/<figure>, a line each)."""
         if not self.enabled:
             return
         self.event("valid", update=update, epoch=epoch, **metrics)
+        directions: dict[str, dict[str, Any]] = metrics.get("directions") or {}
         if self.writer is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)):
                     self.writer.add_scalar(f"valid/{key}", value, update)
-        self.message(f"epoch {epoch:03d} | update {update:6d} | valid | {_fmt(metrics)}")
+            for direction, figures in directions.items():
+                for key, value in figures.items():
+                    if isinstance(value, (int, float)):
+                        self.writer.add_scalar(f"valid/{direction}/{key}", value, update)
+        head = f"epoch {epoch:03d} | update {update:6d} | valid"
+        mean = " (mean)" if directions else ""
+        self.message(f"{head}{mean} | {_fmt(metrics)}")
+        for direction, figures in directions.items():
+            self.message(f"{head} {direction} | {_fmt(figures)}")
 
     def close(self) -> None:
         self.close_bar()

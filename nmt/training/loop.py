@@ -162,7 +162,8 @@ def _train(t: Trainer, signals: StopSignals) -> TrainResult:
         best=t.best.best,
         oom_skipped=t.oom_skips,
     )
-    best = "" if t.best.best is None else f"; best {cfg.validation.best_metric} {t.best.best:.4f}"
+    tracked = validation.tracked_name(cfg)
+    best = "" if t.best.best is None else f"; best {tracked} {t.best.best:.4f}"
     ooms = f"; {t.oom_skips} updates skipped (out of memory)" if t.oom_skips else ""
     t.logger.message(f"stopped ({stop}) after {progress.num_updates} updates{best}{ooms}")
     return TrainResult(
@@ -195,7 +196,7 @@ def after_update(
     if (u % cfg.logging.interval == 0 or end_of_epoch or stop) and t.meter.updates:
         log_train(t, finished_epoch)
     do_valid = (
-        t.data.valid is not None
+        bool(t.data.valid_sets)
         and stop != "signal"
         and (
             (cfg.validation.interval_updates and u % cfg.validation.interval_updates == 0)
@@ -206,7 +207,7 @@ def after_update(
     best_value = None
     if do_valid:
         metrics = validation.validate(t)
-        value = metrics[cfg.validation.best_metric]
+        value = validation.tracked_value(metrics, cfg)
         if t.best.update(value):
             best_value = value
         metrics["best"] = t.best.best
@@ -218,7 +219,8 @@ def after_update(
         ):
             stop = "patience"
             t.logger.message(
-                f"patience: {cfg.validation.best_metric} did not improve in {cfg.validation.patience} validations"
+                f"patience: {validation.tracked_name(cfg)} did not improve in "
+                f"{cfg.validation.patience} validations"
             )
     state.save_after_update(
         t,

@@ -41,9 +41,9 @@ def _events(save_dir: Path) -> list[dict]:
 
 
 def two_ranks_and_one(demo_data_dir: Path, tmp_path: Path, common: dict) -> tuple[dict, dict]:
-    """The tiny model (no dropout) trained with `common` by 2 gloo ranks (update_freq=1,
-    in tmp_path/ddp) and by one process (update_freq=2, in tmp_path/single): their last
-    weights, which must be the same updates."""
+    """The tiny model (no dropout) trained on `demo_data_dir` (or another data dir) with
+    `common` by 2 gloo ranks (update_freq=1, in tmp_path/ddp) and by one process
+    (update_freq=2, in tmp_path/single): their last weights, which must be the same updates."""
     worker = tmp_path / "worker.py"
     worker.write_text(
         textwrap.dedent(f"""
@@ -96,6 +96,29 @@ def test_two_gloo_ranks_equal_one_rank_with_update_freq_2(demo_data_dir, tmp_pat
         tiny_config(demo_data_dir, tmp_path / "fresh", model=NO_DROPOUT)
     ).model.state_dict()
     assert max(float((init[k] - single[k]).abs().max()) for k in init) > 1e-3
+
+
+def test_multilingual_two_ranks_equal_one_rank(multilingual_data_dir, tmp_path):
+    """Tags, temperature draws and per-direction validation split over ranks as a single
+    pair's batches are: the updates and every direction's valid figures are the same."""
+    common = dict(
+        train_split="train",
+        lang_tag="src_tgt",
+        sampling_temperature=3.0,
+        max_update=8,
+        validation={"split": "valid", "bleu": {"enabled": True, "max_sentences": 6, "len_b": 4}},
+    )
+    ddp, single = two_ranks_and_one(multilingual_data_dir, tmp_path, common)
+    assert_bitwise_equal(ddp, single)
+    valid = [
+        [e for e in _events(tmp_path / run) if e["type"] == "valid"][-1]
+        for run in ("ddp", "single")
+    ]
+    assert list(valid[0]["directions"]) == list(valid[1]["directions"]) and valid[0]["directions"]
+    for d, figures in valid[0]["directions"].items():
+        other = valid[1]["directions"][d]
+        assert figures["loss"] == pytest.approx(other["loss"], rel=1e-12, abs=0)
+        assert figures["bleu"] == pytest.approx(other["bleu"])
 
 
 def test_target_side_subword_sampling_two_ranks_equal_one_rank(demo_data_dir, tmp_path):

@@ -186,12 +186,11 @@ def test_validation_on_the_first_valid_max_pairs(demo_data_dir: Path, tmp_path: 
     cfg = tiny_config(
         demo_data_dir, tmp_path / "run", validation={"split": "test", "max_pairs": 40}
     )
+    (valid,) = load_train_data(cfg).valid_sets
+    assert valid.direction == "" and len(valid.dataset) == 40
+    assert sorted(np.concatenate(list(valid.batches)).tolist()) == list(range(40))
     data = load_train_data(cfg)
-    assert data.valid is not None and len(data.valid) == 40
-    assert sorted(np.concatenate(list(data.valid_batches)).tolist()) == list(range(40))
     assert any("the first 40 of" in note for note in data.notes)
-    whole = load_train_data(with_overrides(cfg, validation={"max_pairs": 0}))
-    assert (
-        whole.valid is not None and len(whole.valid) == load_meta(demo_data_dir).splits["test"].kept
-    )
-    assert (whole.valid.tgt_sizes[:40] == data.valid.tgt_sizes).all()
+    (whole,) = load_train_data(with_overrides(cfg, validation={"max_pairs": 0})).valid_sets
+    assert len(whole.dataset) == load_meta(demo_data_dir).splits["test"].kept
+    assert (whole.dataset.tgt_sizes[:40] == valid.dataset.tgt_sizes).all()
