@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, option_error
 
 TAG_STYLES = ("tgt", "src_tgt", "decoder")
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -37,9 +37,11 @@ def check_lang_code(lang: object, key: str) -> str:
     """`lang` if it is a language code (letters, digits and _: en, pt_BR, eng_Latn; no '-',
     which joins the two sides of a direction); otherwise NmtError naming `key`."""
     if not isinstance(lang, str) or not _LANG.match(lang):
-        raise NmtError(
-            f"{key}={lang!r}: not a language code; use letters, digits and _ (en, pt_BR, "
-            "eng_Latn), as in the file names <prefix>.<lang>"
+        raise option_error(
+            key,
+            lang,
+            "not a language code",
+            "use letters, digits and _ (en, pt_BR, eng_Latn), as in the file names <prefix>.<lang>",
         )
     return lang
 
@@ -48,9 +50,11 @@ def parse_direction(direction: object, key: str) -> tuple[str, str]:
     """("en", "de") from "en-de"; NmtError naming `key` otherwise."""
     parts = direction.split("-") if isinstance(direction, str) else []
     if len(parts) != 2 or parts[0] == parts[1]:
-        raise NmtError(
-            f"{key}={direction!r}: not a direction; write source-target with two different "
-            "language codes, e.g. en-de"
+        raise option_error(
+            key,
+            direction,
+            "not a direction",
+            "write source-target with two different language codes, e.g. en-de",
         )
     return check_lang_code(parts[0], key), check_lang_code(parts[1], key)
 

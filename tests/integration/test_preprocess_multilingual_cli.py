@@ -68,7 +68,7 @@ def test_a_bad_direction_is_one_line(nmt_cli, small_corpus: Path, tmp_path: Path
     )
     assert code != 0
     assert stderr.splitlines() == [
-        "nmt-preprocess: error: data.pairs='de': not a direction; write source-target with "
+        "nmt-preprocess: error: data.pairs=de: not a direction; write source-target with "
         "two different language codes, e.g. en-de"
     ]
     assert not out.exists()

@@ -207,10 +207,10 @@ def test_option_mistakes_are_one_line_errors(
     trilingual_corpus: Path, preprocess_config, tmp_path: Path
 ) -> None:
     cases = {
-        "data.pairs=[en-en]": "data.pairs='en-en': not a direction",
-        "data.pairs=[ende]": "data.pairs='ende': not a direction",
+        "data.pairs=[en-en]": "data.pairs=en-en: not a direction",
+        "data.pairs=[ende]": "data.pairs=ende: not a direction",
         "data.pairs=[en-de,en-de]": "data.pairs=[en-de,en-de]: lists a direction twice",
-        "data.langs=[en,e-n]": "data.langs='e-n': not a language code",
+        "data.langs=[en,e-n]": "data.langs=e-n: not a language code",
         "data.langs=[en]": "data.langs=[en]: a multilingual build needs two languages",
         "data.langs=[en,en,de]": "data.langs=[en,en,de]: names a language twice",
     }
