@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from nmt.data.languages import check_lang_code
-from nmt.errors import choice_error, option_error, setting
+from nmt.errors import NmtError, choice_error, option_error, setting
 from nmt.textlines import check_input_errors
 
 FORMATS = ("plain", "fairseq")
@@ -331,8 +331,14 @@ class GenerateConfig(SearchConfig):
     def _validate_languages(self) -> None:
         """Language codes are spelled as codes; one way of naming the target language."""
         for key in ("tgt_lang", "src_lang"):
-            if getattr(self, key) is not None:
-                check_lang_code(getattr(self, key), key)
+            value = getattr(self, key)
+            try:
+                if value is not None:
+                    check_lang_code(value, key)
+            except NmtError:
+                raise option_error(
+                    key, value, "not a language code", "use letters, digits and _ (en, pt_BR)"
+                ) from None
         if self.tgt_lang is not None and self.tgt_lang_file is not None:
             raise option_error(
                 "tgt_lang_file",

@@ -6,7 +6,7 @@ configs built in Python); messages read `option=value: what is wrong; what to do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from nmt.errors import choice_error, option_error
@@ -60,9 +60,9 @@ class ImportFairseqConfig:
     tgt_spm: Optional[str] = None  # target SentencePiece model, when source and target differ
     src_lang: Optional[str] = None  # source language; None = the checkpoint's (task.source_lang)
     tgt_lang: Optional[str] = None  # target language; None = the checkpoint's (task.target_lang)
-    # a multilingual model (translation_multi_simple_epoch): its languages in --langs order,
-    # and where its language tokens go; None = what the checkpoint records
-    langs: Optional[list[str]] = None
+    # a multilingual model (translation_multi_simple_epoch): its languages in --langs order
+    # ([]: those the checkpoint records), and where its language tokens go (None: the same)
+    langs: list[str] = field(default_factory=list)
     lang_tag: Optional[str] = None  # tgt (--encoder-langtok tgt) or decoder (--decoder-langtok)
     output: Optional[str] = None  # nmt checkpoint to write (required)
     overwrite: bool = False  # replace an earlier nmt-import-fairseq output (never another file)

@@ -730,7 +730,7 @@ def import_fairseq_checkpoint(cfg: ImportFairseqConfig) -> ImportResult:
         else (Path(str(cfg.src_spm)), Path(str(cfg.tgt_spm)))
     )
     ckpt = read_fairseq_checkpoint(str(cfg.checkpoint))
-    languages = fairseq_languages(ckpt.task, cfg.langs, cfg.lang_tag, str(ckpt.path))
+    languages = fairseq_languages(ckpt.task, cfg.langs or None, cfg.lang_tag, str(ckpt.path))
     src_lang = cfg.src_lang or ckpt.source_lang
     tgt_lang = cfg.tgt_lang or ckpt.target_lang
     if languages is not None:  # dict.<lang>.txt of the first direction (a joint dict)

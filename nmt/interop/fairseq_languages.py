@@ -112,7 +112,7 @@ def fairseq_languages(
     if given is None and not recorded and task.get("lang_dict"):
         raise option_error(
             "langs",
-            None,
+            [],
             f"{where} reads its languages from --lang-dict {task['lang_dict']}",
             "give them in that file's order, e.g. langs=[en,de,fr]",
         )
@@ -120,7 +120,7 @@ def fairseq_languages(
     order = given or recorded or sorted({x for p in pairs for x in p.split("-")})
     if not order:
         raise option_error(
-            "langs", None, f"{where} does not record its languages", "give langs=[en,de,...]"
+            "langs", [], f"{where} does not record its languages", "give langs=[en,de,...]"
         )
     style = _style(task, lang_tag, where)
     directions = pairs or [f"{a}-{b}" for a in order for b in order if a != b]

@@ -184,7 +184,7 @@ def test_file_mistakes_are_found_before_the_model_loads(nmt_cli, src, tmp_path):
     code, _, err = nmt_cli(*run, f"tgt_lang_file={spelled}")
     one_line_error(code, err, f"{spelled}:3: tgt_lang='en-de': not a language code")
     code, _, err = nmt_cli(*run, "tgt_lang=en-de")
-    one_line_error(code, err, "tgt_lang='en-de': not a language code")
+    one_line_error(code, err, "tgt_lang=en-de: not a language code")
 
 
 def test_a_single_pair_model_refuses_another_language(nmt_cli, src, tmp_path):

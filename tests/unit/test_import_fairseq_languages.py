@@ -180,7 +180,7 @@ def test_options_over_what_the_checkpoint_records(joint_spm, tmp_path):
     placement the checkpoint does not record, and must agree with one it does."""
     task = _task("tgt", langs=None, lang_dict="/elsewhere/langs.txt")
     _fairseq_multilingual(tmp_path, joint_spm, task, namespace=False)
-    with pytest.raises(NmtError, match=r"^langs=null: .* --lang-dict /elsewhere/langs.txt; give"):
+    with pytest.raises(NmtError, match=r"^langs=\[\]: .* --lang-dict /elsewhere/langs.txt; give"):
         _import(tmp_path, joint_spm)
     out = _import(tmp_path, joint_spm, langs=LANGS)
     assert load_for_inference(out).data["languages"]["pieces"]["fr"] == "__fr__"
@@ -214,3 +214,16 @@ def test_lang_tag_option_is_checked(tmp_path):
     cfg = ImportFairseqConfig(checkpoint="a.pt", spm="s.model", output="o.pt", lang_tag="src")
     with pytest.raises(NmtError, match=r"^lang_tag=src: unknown; use one of tgt, decoder$"):
         cfg.validate()
+
+
+def test_the_command_takes_langs_as_a_list(nmt_cli, joint_spm, tmp_path):
+    task = _task("decoder", langs=None, lang_dict="langs.txt")
+    _fairseq_multilingual(tmp_path, joint_spm, task, namespace=True)
+    out = tmp_path / "cli.pt"
+    args = (f"checkpoint={tmp_path / 'checkpoint_best.pt'}", f"spm={joint_spm}", f"output={out}")
+    code, _, err = nmt_cli("import_fairseq", *args)
+    assert code == 2 and "langs=[]: " in err and "--lang-dict langs.txt" in err, err
+    code, stdout, err = nmt_cli("import_fairseq", *args, "langs=[en,de,fr]")
+    assert code == 0, err
+    assert "languages en, de, fr; lang_tag=decoder" in stdout + err
+    assert load_for_inference(out).data["languages"]["directions"] == PAIRS.split(",")
