@@ -11,8 +11,15 @@ from nmt import Translator
 from nmt.data.languages import LanguageTags
 from nmt.data.tokenizer import normalize_text
 from nmt.errors import NmtError
+from nmt.model.transformer import Transformer
 from nmt.vocab import BOS, EOS, PAD
-from tests.multilingual_checkpoint import language_tags, multilingual_checkpoint, sentences
+from tests.multilingual_checkpoint import (
+    MODEL,
+    joint_tokenizer,
+    language_tags,
+    multilingual_checkpoint,
+    sentences,
+)
 from tests.rounding import logprob_tolerance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -269,3 +276,35 @@ def test_length_options_count_the_tokens_a_translation_shows(translator):
     )
     for text, per_source in zip(TEXTS, results):
         assert len(per_source[0].pieces) == (1 if text else 0)
+
+
+def _tag_loving(path, style: str):
+    """A tiny model whose output layer favours the tags above every other token (a
+    constant feature read as a bias): a search free to choose them would."""
+    model = Transformer(MODEL, joint_tokenizer().vocab_size, joint_tokenizer().vocab_size)
+    norm = model.decoder.layers[-1].final_layer_norm  # post-norm: the last one
+    with torch.no_grad():
+        norm.weight[0], norm.bias[0] = 0.0, 1.0
+        model.decoder.output_projection.weight[:, 0] = 0.0
+        for tag in language_tags(style).ids.values():
+            model.decoder.output_projection.weight[tag, 0] = 20.0
+    return multilingual_checkpoint(path, style, transformer=model.eval())
+
+
+@pytest.mark.parametrize("shortlisted", [False, True], ids=["vocabulary", "shortlist"])
+def test_the_search_never_chooses_a_tag(shortlisted, style, tmp_path):
+    """Even where the model prefers the tags, over the whole vocabulary or a shortlist
+    (which lists them: their columns there); a decoder tag is only ever forced."""
+    path = _tag_loving(tmp_path / "m.pt", style)
+    shortlist = None
+    if shortlisted:
+        tok = joint_tokenizer()
+        shortlist = tmp_path / "all.vmap"
+        pieces = [tok.pieces()[i] for i in range(4, tok.vocab_size)]
+        shortlist.write_text("\t" + " ".join(pieces) + "\n", encoding="utf-8")
+    translator = Translator.from_checkpoint(path, device="cpu", shortlist=shortlist, **SEARCH)
+    tgt, src = _langs(TEXTS)
+    results = translator.translate_batch(TEXTS, tgt_lang=tgt, src_lang=src, max_len_b=6)
+    tag_pieces = set(language_tags(style).pieces.values())
+    assert all(not tag_pieces & set(t.pieces) for per in results for t in per)
+    assert any(t.pieces for per in results for t in per)  # it translated
