@@ -17,4 +17,6 @@ chunks.py       one chunk of input lines -> its formatted output (workers=1 and 
 workers.py      nmt-generate workers=N: chunks translated by spawned processes, in order
 workfolder.py   <output>.parts/: finished chunks and their manifest, for resuming a run
 terminology.py  constraints and glossaries as text: parsing, files, glossary matching
+tagging.py      a multilingual model's tgt_lang/src_lang as each sentence's tag ids
+langfile.py     nmt-generate's tgt_lang_file=: one target language per input line
 """

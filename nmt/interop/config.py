@@ -6,12 +6,13 @@ configs built in Python); messages read `option=value: what is wrong; what to do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from nmt.errors import choice_error, option_error
 
 QUANTIZATIONS = ("none", "int8", "int16", "float16", "bfloat16")
+FAIRSEQ_LANG_TAGS = ("tgt", "decoder")  # the placements of fairseq's tokens nmt has
 
 
 @dataclass
@@ -59,6 +60,10 @@ class ImportFairseqConfig:
     tgt_spm: Optional[str] = None  # target SentencePiece model, when source and target differ
     src_lang: Optional[str] = None  # source language; None = the checkpoint's (task.source_lang)
     tgt_lang: Optional[str] = None  # target language; None = the checkpoint's (task.target_lang)
+    # a multilingual model (translation_multi_simple_epoch): its languages in --langs order
+    # ([]: those the checkpoint records), and where its language tokens go (None: the same)
+    langs: list[str] = field(default_factory=list)
+    lang_tag: Optional[str] = None  # tgt (--encoder-langtok tgt) or decoder (--decoder-langtok)
     output: Optional[str] = None  # nmt checkpoint to write (required)
     overwrite: bool = False  # replace an earlier nmt-import-fairseq output (never another file)
     debug: bool = False  # full tracebacks instead of one-line errors
@@ -101,6 +106,8 @@ class ImportFairseqConfig:
                 f"{missing} is not set",
                 "give both, or spm= for one joint model",
             )
+        if self.lang_tag is not None and self.lang_tag not in FAIRSEQ_LANG_TAGS:
+            raise choice_error("lang_tag", self.lang_tag, FAIRSEQ_LANG_TAGS)
         for key in ("src_lang", "tgt_lang"):
             lang = getattr(self, key)
             if lang is not None and (not lang or "/" in lang or lang != lang.strip()):

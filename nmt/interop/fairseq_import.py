@@ -31,6 +31,7 @@ from torch import Tensor
 
 from nmt.errors import NmtError
 from nmt.interop.config import ImportFairseqConfig
+from nmt.interop.fairseq_languages import FairseqLanguages, fairseq_languages, with_control_pieces
 from nmt.interop.safe_unpickle import load_untrusted
 from nmt.vocab import BOS, EOS, PAD, SPECIAL_IDS, UNK
 
@@ -61,6 +62,7 @@ class FairseqCheckpoint:
     args: dict[str, Any]  # model hyperparameters, flat fairseq names (encoder_embed_dim, ...)
     source_lang: str | None
     target_lang: str | None
+    task: dict[str, Any] = field(default_factory=dict)  # the task's options (flat)
 
 
 def _plain(obj: Any) -> Any:
@@ -122,6 +124,7 @@ def read_fairseq_checkpoint(path: str | Path) -> FairseqCheckpoint:
         args=model_args,
         source_lang=task.get("source_lang") or model_args.get("source_lang"),
         target_lang=task.get("target_lang") or model_args.get("target_lang"),
+        task=dict(task),
     )
 
 
@@ -551,8 +554,11 @@ def import_fairseq(
     tgt_spm: str | Path,
     src_lang: str | None = None,
     tgt_lang: str | None = None,
+    languages: FairseqLanguages | None = None,
 ) -> tuple[dict[str, Any], ImportReport]:
-    """Build the nmt checkpoint dict (docs/ARCHITECTURE.md) for a fairseq checkpoint."""
+    """Build the nmt checkpoint dict (docs/ARCHITECTURE.md) for a fairseq checkpoint;
+    `languages`: a multilingual model's (nmt.interop.fairseq_languages), whose tokens
+    become the SentencePiece models' control symbols and the checkpoint's tags."""
     from nmt.checkpoint import build_checkpoint
     from nmt.model.config import ModelConfig
 
@@ -568,6 +574,11 @@ def import_fairseq(
     }
     src_symbols = read_fairseq_dictionary(src_dict)
     tgt_symbols = read_fairseq_dictionary(tgt_dict)
+    if languages is not None:  # the task's tokens after dict.txt's, and as pieces
+        tag_pieces = [languages.piece(lang) for lang in languages.langs]
+        fixed = {side: with_control_pieces(b, tag_pieces) for side, b in fixed.items()}
+        src_symbols = languages.dictionary(src_symbols)
+        tgt_symbols = languages.dictionary(tgt_symbols)
     _check_dictionary_size(ckpt, "encoder.embed_tokens.weight", src_symbols, str(src_dict))
     _check_dictionary_size(ckpt, "decoder.embed_tokens.weight", tgt_symbols, str(tgt_dict))
     src_map = vocab_map(_pieces_in_id_order(fixed["src"]), src_symbols)
@@ -586,6 +597,11 @@ def import_fairseq(
             "SentencePiece model for both languages; pass spm= and matching dicts"
         )
 
+    data_languages = {}
+    if languages is not None:
+        ids = {p: i for i, p in enumerate(_pieces_in_id_order(fixed["src"]))}
+        data_languages = {"languages": languages.tags(ids).to_dict()}
+        src_lang, tgt_lang = languages.directions[0].split("-")
     model_cfg = ModelConfig(**cfg)
     model_state = _nmt_state(
         convert_state(ckpt, cfg, src_map, tgt_map),
@@ -605,6 +621,7 @@ def import_fairseq(
             "joint_vocab": joint,
             "special_ids": dict(SPECIAL_IDS),
             "normalization": {"nfkc": False},
+            **data_languages,
         },
         src_tokenizer=fixed["src"],
         tgt_tokenizer=fixed["tgt"],
@@ -682,12 +699,20 @@ class ImportResult:
     src_lang: str
     tgt_lang: str
     report: ImportReport
+    languages: dict[str, Any] | None = None  # a multilingual model's data.languages
 
     def lines(self) -> list[str]:
+        if self.languages is None:
+            return [
+                *self.report.lines(),
+                f"wrote {self.output} ({self.src_lang}->{self.tgt_lang}); translate with "
+                f"nmt-generate checkpoint={self.output}",
+            ]
+        langs = ", ".join(self.languages["ids"])
         return [
             *self.report.lines(),
-            f"wrote {self.output} ({self.src_lang}->{self.tgt_lang}); translate with "
-            f"nmt-generate checkpoint={self.output}",
+            f"wrote {self.output} (languages {langs}; lang_tag={self.languages['style']}); "
+            f"translate with nmt-generate checkpoint={self.output} tgt_lang=<language>",
         ]
 
 
@@ -705,8 +730,12 @@ def import_fairseq_checkpoint(cfg: ImportFairseqConfig) -> ImportResult:
         else (Path(str(cfg.src_spm)), Path(str(cfg.tgt_spm)))
     )
     ckpt = read_fairseq_checkpoint(str(cfg.checkpoint))
+    languages = fairseq_languages(ckpt.task, cfg.langs or None, cfg.lang_tag, str(ckpt.path))
     src_lang = cfg.src_lang or ckpt.source_lang
     tgt_lang = cfg.tgt_lang or ckpt.target_lang
+    if languages is not None:  # dict.<lang>.txt of the first direction (a joint dict)
+        first = languages.directions[0].split("-")
+        src_lang, tgt_lang = src_lang or first[0], tgt_lang or first[1]
     data_dir = Path(cfg.data_dir) if cfg.data_dir else ckpt.path.parent
     dicts = []
     for key, given, lang in (("src", cfg.src_dict, src_lang), ("tgt", cfg.tgt_dict, tgt_lang)):
@@ -718,8 +747,15 @@ def import_fairseq_checkpoint(cfg: ImportFairseqConfig) -> ImportResult:
         dicts.append(Path(given) if given else data_dir / f"dict.{lang}.txt")
 
     nmt_ckpt, report = import_fairseq(
-        ckpt, dicts[0], dicts[1], src_spm, tgt_spm, src_lang=src_lang, tgt_lang=tgt_lang
+        ckpt,
+        dicts[0],
+        dicts[1],
+        src_spm,
+        tgt_spm,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        languages=languages,
     )
     save_checkpoint(nmt_ckpt, output)
     data = nmt_ckpt["data"]
-    return ImportResult(output, data["src_lang"], data["tgt_lang"], report)
+    return ImportResult(output, data["src_lang"], data["tgt_lang"], report, data.get("languages"))
