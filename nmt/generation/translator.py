@@ -8,6 +8,8 @@
     translator.translate(["The dog sleeps."], constraints=[["Hund"]])  # must contain "Hund"
     translator.translate(texts, glossary={"dog": "Hund"})      # a found term: its target
     translator.score(sources, references)                       # forced decoding
+    translator.translate(texts, tgt_lang="fr")                  # a multilingual model
+    translator.translate(texts, tgt_lang=["fr", "de", "fr"])    # one target per text
 
 A Translator loads its checkpoint(s) once and holds the models, the tokenizers, the
 device/precision (nmt.runtime) and its search (a SearchConfig: the defaults of its calls).
@@ -24,6 +26,17 @@ batches its sentences by length within max_tokens/max_sentences and returns resu
 input order; a translation never depends on the other sentences of its batch. Calls from
 several threads are safe: decoding is serialized by a lock (the cache memory is shared
 state), tokenization is not.
+
+A multilingual model (`languages`, from the checkpoint's data.languages) translates into
+the language each call names (`tgt_lang`, and `src_lang` where its tag style needs it:
+one code for all texts or one per text; nmt.generation.tagging). Its tags are put before
+the source ids (which keep their EOS; they count against max_source_positions, so
+`max_source_positions` is the room left to the text) or, for lang_tag=decoder, forced as
+the first target token. No tag ever reaches a translation's text, pieces, token_scores
+or alignment; its `score` is the search's, which counts a forced tag's step (and its
+position in the length) as the steps of any forced prefix count: the tag's log-prob is
+the same for every hypothesis of a sentence, so it never changes their order. A
+single-pair model takes no language or its own, and refuses others (NmtError).
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt.data.languages import LanguageTags
 from nmt.data.lexical import Shortlist
 from nmt.data.tokenizer import Tokenizer, normalize_text
 from nmt.errors import NmtError
@@ -60,6 +74,12 @@ from nmt.generation.encoding import (
 from nmt.generation.forced import forced_batch, forced_log_probs
 from nmt.generation.generator import Hypothesis, SequenceGenerator
 from nmt.generation.loading import load_ensemble
+from nmt.generation.tagging import (
+    LangsLike,
+    ModelLanguages,
+    checkpoint_languages,
+    untagged,
+)
 from nmt.generation.terminology import (
     Glossary,
     TextConstraints,
@@ -89,7 +109,9 @@ class Translation:
 
     text: str  # detokenized
     pieces: list[str]  # its SentencePiece pieces (EOS not included)
-    score: float | None = None  # sum(token_scores) / len(token_scores)**lenpen (return_scores)
+    # sum(token_scores) / len(token_scores)**lenpen (return_scores); for lang_tag=decoder
+    # the search's, with the forced tag's step (Translator's module docstring)
+    score: float | None = None
     token_scores: list[float] | None = None  # log-prob of each piece, then of EOS
     alignment: list[tuple[int, int]] | None = None  # (source, target) positions (return_alignment)
     constraints_met: bool = True  # False: an include phrase is missing (the length limit)
@@ -101,7 +123,8 @@ class TargetScore:
 
     log_prob: float  # sum of token_scores: log p(target | source)
     token_scores: list[float]  # log-prob of each target piece, then of EOS
-    score: float  # log_prob / len(token_scores)**lenpen, as generation reports scores
+    score: float  # as generation reports scores: log_prob / len(token_scores)**lenpen
+    # (for lang_tag=decoder, with the forced tag's step, as a translation's score has it)
     pieces: list[str]  # the target's SentencePiece pieces (EOS not included)
 
 
@@ -140,13 +163,16 @@ class Translator:
         src_lang: str | None = None,
         tgt_lang: str | None = None,
         shortlist: Shortlist | None = None,
+        languages: LanguageTags | None = None,
     ):
         """From already-built parts: models in eval mode on `runtime.device` (default:
         the first model's device, fp32), sharing the target vocabulary; models with
         bf16/fp16 weights run in them, without autocast. `nfkc`: the
         normalization the data dir applied (its meta.json / the checkpoint's data);
-        `src_lang`/`tgt_lang`: the language codes of its data (None when unknown);
-        `shortlist`: decode over each sentence's candidate target tokens only."""
+        `src_lang`/`tgt_lang`: the language codes of its data (None when unknown; a
+        multilingual model's first direction); `languages`: a multilingual model's tags
+        (the tokenizers' control symbols); `shortlist`: decode over each sentence's
+        candidate target tokens only."""
         self.search = search if search is not None else SearchConfig()
         self.search.validate()
         check_batching(max_tokens, max_sentences, overlong)
@@ -165,8 +191,17 @@ class Translator:
         self.max_tokens, self.max_sentences, self.overlong = max_tokens, max_sentences, overlong
         self.alignment_layer = alignment_layer
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
-        self.max_source_positions = min(m.cfg.max_source_positions for m in self.models)
-        self.max_target_positions = min(m.cfg.max_target_positions for m in self.models)
+        self.languages = languages
+        self._langs = ModelLanguages(languages, src_lang, tgt_lang)
+        self._langs.check_pieces(PieceNames(src_tokenizer), src_tokenizer.vocab_size, "languages")
+        # the positions a source text and a target text may take: the model's, less the
+        # positions its language tags take
+        self.max_source_positions = (
+            min(m.cfg.max_source_positions for m in self.models) - self._langs.source_length
+        )
+        self.max_target_positions = (
+            min(m.cfg.max_target_positions for m in self.models) - self._langs.target_length
+        )
         check_min_len(self.search, self.max_source_positions, self.max_target_positions)
         self.shortlist = shortlist
         self._cache_memory = [CacheMemory() for _ in self.models]  # every generator's
@@ -214,6 +249,7 @@ class Translator:
         runtime = setup(device, precision, threads=threads, tf32=False, inference=True)
         bundles = load_ensemble(paths, runtime.device)
         first = bundles[0]
+        languages = checkpoint_languages([b.data for b in bundles], paths)
         table = None
         if shortlist is not None:
             table = Shortlist.from_file(shortlist, first.src_tokenizer, first.tgt_tokenizer)
@@ -239,6 +275,7 @@ class Translator:
             src_lang=first.data.get("src_lang"),
             tgt_lang=first.data.get("tgt_lang"),
             shortlist=table,
+            languages=languages,
         )
 
     def search_with(self, **search_options: Any) -> SearchConfig:
@@ -388,17 +425,25 @@ class Translator:
         self,
         texts: Sequence[str],
         *,
+        tgt_lang: LangsLike = None,
+        src_lang: LangsLike = None,
         constraints: Sequence[ConstraintsLike] | None = None,
         glossary: GlossaryLike = None,
         **search_options: Any,
     ) -> list[str]:
         """The best translation of each text (an empty text gives ""); `search_options`
         (beam=1, lenpen=0.6, ...) override the translator's search for this call.
-        `constraints` and `glossary` as translate_batch takes them; a text whose include
+        `tgt_lang`, `src_lang`, `constraints` and `glossary` as translate_batch takes
+        them; a text whose include
         phrases could not all be met within its length limit gets its best complete
         translation and a warning naming its index (logger "nmt.generation")."""
         results = self.translate_batch(
-            texts, constraints=constraints, glossary=glossary, **search_options
+            texts,
+            tgt_lang=tgt_lang,
+            src_lang=src_lang,
+            constraints=constraints,
+            glossary=glossary,
+            **search_options,
         )
         for i, best in enumerate(results):
             if not best[0].constraints_met:
@@ -414,6 +459,8 @@ class Translator:
         self,
         texts: Sequence[str],
         *,
+        tgt_lang: LangsLike = None,
+        src_lang: LangsLike = None,
         return_scores: bool = False,
         return_alignment: bool = False,
         prefixes: Sequence[str | None] | None = None,
@@ -424,6 +471,10 @@ class Translator:
         """Per text, up to `nbest` translations, best first; `search_options` (nbest=3,
         beam=1, lenpen=0.6, ...) override the translator's search for this call.
 
+        `tgt_lang`: the language to translate into, one code for all texts or a list with
+        one per text (required by a multilingual model; a single-pair model takes None or
+        its own); `src_lang`: the texts' language, likewise (needed by lang_tag=src_tgt
+        only). A language the model does not know is an NmtError naming those it knows.
         `prefixes`: one target prefix per text (None or "" = free), forced at the start
         of its translations. An empty text gets one empty Translation.
         `constraints`: one entry per text: phrases its translations must contain
@@ -450,6 +501,8 @@ class Translator:
             prefix_ids = [self.encode_prefix(p) for p in prefixes]
         results = self.translate_ids(
             sources,
+            tgt_lang=tgt_lang,
+            src_lang=src_lang,
             prefixes=prefix_ids,
             alignment=return_alignment,
             constraints=wanted,
@@ -501,11 +554,18 @@ class Translator:
         return wanted if any(w is not None for w in wanted) else None
 
     def score(
-        self, sources: Sequence[str], targets: Sequence[str], *, lenpen: float | None = None
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        lenpen: float | None = None,
+        tgt_lang: LangsLike = None,
+        src_lang: LangsLike = None,
     ) -> list[TargetScore]:
         """Forced decoding: the model's log-probability of each target given its source
         (EOS included), per token and length-normalized as generation reports scores
-        (`lenpen`: this call's, default the search's)."""
+        (`lenpen`: this call's, default the search's). `tgt_lang`/`src_lang`: the
+        targets' and sources' languages, as translate_batch takes them."""
         _check_texts(sources, "sources")
         _check_texts(targets, "targets")
         if len(sources) != len(targets):
@@ -522,7 +582,7 @@ class Translator:
                 score=h.score,
                 pieces=self.pieces(target_ids(h)),
             )
-            for h in self.score_ids(src, tgt, lenpen=lenpen)
+            for h in self.score_ids(src, tgt, lenpen=lenpen, tgt_lang=tgt_lang, src_lang=src_lang)
         ]
 
     # -- ids in, hypotheses out -------------------------------------------------------
@@ -531,6 +591,8 @@ class Translator:
         self,
         sources: Sequence[IdsLike],
         *,
+        tgt_lang: LangsLike = None,
+        src_lang: LangsLike = None,
         prefixes: Sequence[IdsLike | None] | None = None,
         alignment: bool = False,
         cancelled: Callable[[], Collection[int]] | None = None,
@@ -538,8 +600,11 @@ class Translator:
         **search_options: Any,
     ) -> list[list[Hypothesis]]:
         """Per source (ids ending in EOS, as a data dir stores them; empty = an empty
-        line), up to `nbest` hypotheses, best first; [] for an empty source. `prefixes`:
-        target ids (no EOS) to force per source, or None. With `alignment`, hypotheses
+        line; no language tags), up to `nbest` hypotheses, best first; [] for an empty
+        source. `tgt_lang`/`src_lang` as translate_batch takes them: the ids of their tags
+        go before each source's, or start its target, and leave its hypotheses (which
+        are as if the model had no tags). `prefixes`: target ids (no EOS) to force per
+        source, or None, after the target's tag. With `alignment`, hypotheses
         carry the attention of decoder layer `alignment_layer`. `search_options`
         override the translator's search for this call (see the module docstring).
 
@@ -555,7 +620,11 @@ class Translator:
         search only); a hypothesis that could not include one has `constraints_met`
         False. Every entry is checked before any decoding."""
         generator, nbest = self._call_generator(search_options)
-        rows = [self._fit_source(_as_ids(s), i) for i, s in enumerate(sources)]
+        tags = self._langs.tags(len(sources), tgt_lang, src_lang)
+        rows = [
+            _tagged(tags[i].source, self._fit_source(_as_ids(s), i), keep_empty=True)
+            for i, s in enumerate(sources)
+        ]
         forced = None
         if prefixes is not None:
             forced = [None if p is None else _as_ids(p) for p in prefixes]
@@ -564,6 +633,11 @@ class Translator:
                 f"prefixes: {len(forced)} of them for {len(rows)} sources; "
                 "give one prefix (or None) per source"
             )
+        if self._langs.target_length:  # every target starts with its tag
+            forced = [
+                _tagged(t.target, np.zeros(0, np.int64) if p is None else p)
+                for t, p in zip(tags, forced or [None] * len(rows))
+            ]
         wanted = self._check_constraints(constraints, len(rows), generator)
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         out: list[list[Hypothesis]] = [[] for _ in rows]
@@ -584,7 +658,7 @@ class Translator:
                     constraints=None if wanted is None else [wanted[i] for i in batch.tolist()],
                 )
                 for i, h in zip(batch.tolist(), hyps):
-                    out[i] = h
+                    out[i] = [untagged(hyp, tags[i]) for hyp in h]
         if cancelled is not None:
             for i in cancelled():
                 out[i] = []
@@ -623,10 +697,14 @@ class Translator:
         targets: Sequence[IdsLike],
         *,
         lenpen: float | None = None,
+        tgt_lang: LangsLike = None,
+        src_lang: LangsLike = None,
     ) -> list[Hypothesis]:
         """Forced decoding on ids (each ending in EOS; an empty one is the empty
-        sentence [EOS]): per pair a Hypothesis of the target with its token log-probs
-        and its score normalized by `lenpen` (default: the search's)."""
+        sentence [EOS]; no language tags): per pair a Hypothesis of the target with its
+        token log-probs and its score normalized by `lenpen` (default: the search's).
+        `tgt_lang`/`src_lang` as translate_ids takes them: a target tag is scored (its
+        step counts in the score, as in generation) and then left out."""
         lenpen = (
             self.search if lenpen is None else self.search_with(lenpen=lenpen)
         ).lenpen  # checked
@@ -635,8 +713,15 @@ class Translator:
                 f"targets: {len(targets)} of them for {len(sources)} sources; "
                 "give one target per source"
             )
-        src = [_nonempty(self._fit_source(_as_ids(s), i)) for i, s in enumerate(sources)]
-        tgt = [self._fit_target(_nonempty(_as_ids(t)), i) for i, t in enumerate(targets)]
+        tags = self._langs.tags(len(sources), tgt_lang, src_lang)
+        src = [
+            _tagged(tags[i].source, _nonempty(self._fit_source(_as_ids(s), i)))
+            for i, s in enumerate(sources)
+        ]
+        tgt = [
+            _tagged(tags[i].target, self._fit_target(_nonempty(_as_ids(t)), i))
+            for i, t in enumerate(targets)
+        ]
         lengths = np.array([max(len(s), len(t)) for s, t in zip(src, tgt)], dtype=np.int64)
         out: dict[int, Hypothesis] = {}
         with self._lock, self._precision():
@@ -647,12 +732,13 @@ class Translator:
                 for row, i in enumerate(idx):
                     n = len(tgt[i])
                     positional = lprobs[row, :n].clone()  # not a view of the batch
-                    out[i] = Hypothesis(
+                    whole = Hypothesis(
                         tokens=torch.from_numpy(tgt[i]),
                         score=float(positional.sum()) / n**lenpen,
                         positional_scores=positional,
                         attention=None,
                     )
+                    out[i] = untagged(whole, tags[i])
         return [out[i] for i in range(len(src))]
 
     # -- helpers ----------------------------------------------------------------------
@@ -753,6 +839,14 @@ def _as_ids(ids: IdsLike) -> np.ndarray:
     if isinstance(ids, torch.Tensor):
         ids = ids.cpu().numpy()
     return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def _tagged(tags: np.ndarray, ids: np.ndarray, keep_empty: bool = False) -> np.ndarray:
+    """`ids` after their language tags (`keep_empty`: an empty source stays empty, the
+    empty line it is)."""
+    if not len(tags) or (keep_empty and not len(ids)):
+        return ids
+    return np.concatenate([tags, ids])
 
 
 def _nonempty(ids: np.ndarray) -> np.ndarray:
