@@ -75,34 +75,27 @@ class ServedModel:
         against this model: (src_lang, tgt_lang) as the Translator takes them, tgt_lang
         None for a single-pair model (which needs no tag). `source` None or "auto": not
         given. A language it does not know is a 400 naming the ones it knows (`keys`: the
-        request's names of source and target)."""
+        request's names of source and target); languages are checked one by one, as the
+        Translator checks them, so a direction it was not trained on goes (zero-shot)."""
         given = None if source in (None, AUTO) else source
         targets = [] if target is None else [target] if isinstance(target, str) else target
         tags = self.translator.languages
         if tags is None:
-            for key, value, own in ((keys[0], given, self.source), (keys[1], target, self.target)):
-                wrong = [
-                    v for v in ([value] if isinstance(value, str) else value or []) if v != own
-                ]
-                if wrong:
+            asked = [(keys[0], given, self.source)] + [(keys[1], t, self.target) for t in targets]
+            for key, value, own in asked:
+                if value is not None and value != own:
                     raise bad_request(
-                        f"{key}={wrong[0]}: model {self.name} translates {own}; drop {key}="
+                        f"{key}={value}: model {self.name} translates {own}; drop {key}="
                     )
             return given, None
         try:
             src_lang = tags.check_source(given, keys[0])
-            for wanted in dict.fromkeys(targets or [None]):
+            if not targets:
+                tags.check_target(None, keys[1])  # a 400: required
+            for wanted in dict.fromkeys(targets):
                 tags.check_target(wanted, keys[1])
         except NmtError as exc:
             raise bad_request(f"model {self.name}: {exc}") from None
-        if src_lang is not None:
-            known = self.targets(src_lang)
-            missing = next((t for t in targets if t not in known), None)
-            if missing is not None:
-                raise bad_request(
-                    f"{keys[1]}={missing}: model {self.name} was not trained to translate "
-                    f"{src_lang} into it; from {src_lang} it knows {', '.join(known)}"
-                )
         return src_lang, target if isinstance(target, str) else list(targets)
 
     @property
@@ -212,12 +205,17 @@ class ModelRegistry:
         return found
 
     def for_pair(
-        self, source: str | None, target: str | Sequence[str]
+        self,
+        source: str | None,
+        target: str | Sequence[str],
+        keys: tuple[str, str] = ("source", "target"),
     ) -> tuple[ServedModel, str | None]:
-        """The first model translating source -> target (every target, given several),
+        """The first model trained to translate source -> target (every target, given
+        several), else the first multilingual one that knows those languages (zero-shot),
         and the source language: "auto" is the only source language that translates into
         the target, None any source (a multilingual model needs none: the tag names the
-        target)."""
+        target). None found: a 400 naming what is served (`keys`: the request's names of
+        source and target)."""
         targets = [target] if isinstance(target, str) else list(dict.fromkeys(target))
         if source == AUTO:
             sources = list(
@@ -230,19 +228,25 @@ class ModelRegistry:
                     f"source=auto: {', '.join(sources)} all translate into {', '.join(targets)} "
                     "and this server does not detect languages; give source="
                 )
-        for model in self.models:
-            if _into(model, source, targets):
-                return model, source
-        known = list(dict.fromkeys(t for m in self.models for t in m.targets(source)))
-        if source not in (None, AUTO) and known:
-            missing = next(t for t in targets if t not in known)
+        for accepts in (_into, _knows):
+            for model in self.models:
+                if accepts(model, source, targets):
+                    return model, source
+        known = list(dict.fromkeys(t for m in self.models for t in _reachable(m, source)))
+        missing = next((t for t in targets if t not in known), targets[0])
+        if known and source is None:
             raise bad_request(
-                f"source={source}, target={missing}: this pair is not served; from {source} "
-                f"this server translates into {', '.join(known)}"
+                f"{keys[1]}={missing}: no model here translates into it; they translate "
+                f"into {', '.join(known)}"
+            )
+        if known and source != AUTO:
+            raise bad_request(
+                f"{keys[0]}={source}, {keys[1]}={missing}: this pair is not served; from "
+                f"{source} this server translates into {', '.join(known)}"
             )
         raise bad_request(
-            f"source={source}, target={', '.join(targets)}: this pair is not served; use one "
-            f"of {self.pairs()}"
+            f"{keys[0]}={source}, {keys[1]}={', '.join(targets)}: this pair is not served; "
+            f"use one of {self.pairs()}"
         )
 
     def only_source(self) -> str:
@@ -300,6 +304,21 @@ def _into(model: ServedModel, source: str | None, targets: Sequence[str]) -> boo
     """`model` translates `source` (None: any) into every one of `targets`."""
     known = model.targets(source)
     return bool(known) and all(t in known for t in targets)
+
+
+def _knows(model: ServedModel, source: str | None, targets: Sequence[str]) -> bool:
+    """`model` is multilingual and translates `source` (None: any) into every one of
+    `targets`, though perhaps not trained on these directions (zero-shot)."""
+    reachable = _reachable(model, source)
+    return model.translator.languages is not None and all(t in reachable for t in targets)
+
+
+def _reachable(model: ServedModel, source: str | None) -> list[str]:
+    """The targets `model` translates `source` (None: any) into, zero-shot included."""
+    tags = model.translator.languages
+    if tags is None or (source is not None and source not in tags.sources()):
+        return model.targets(source)
+    return [t for t in tags.targets() if t != source]
 
 
 def _names(loaded: list[tuple[str | None, Translator, list[str]]]) -> list[str]:

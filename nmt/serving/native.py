@@ -209,8 +209,10 @@ def _route(service: Service, body: _Body, texts: int) -> Route:
         given, alias = getattr(body, new), getattr(body, old)
         if given is not None and alias is not None and given != alias:
             raise bad_request(f"{old}={alias}, {new}={given}: they differ; give one of them")
-        langs.append((new, given) if given is not None else (old, alias))
+        langs.append((old, alias) if given is None and alias is not None else (new, given))
     (src_key, source), (tgt_key, target) = langs
+    if target is None and src_key == "source":
+        tgt_key = "target"  # named as the request named its source
     if isinstance(target, list) and len(target) != texts:
         raise bad_request(
             f"tgt_lang: {len(target)} language codes for {texts} texts; give one code for all "

@@ -115,8 +115,8 @@ class Service:
         models = self.registry()
         if name is None and (source or target):
             if not target:
-                raise bad_request(f"{keys[1]}=null: give source and target, or model=")
-            model, source = models.for_pair(source, target)
+                raise bad_request(f"{keys[1]}=null: give {keys[0]} and {keys[1]}, or model=")
+            model, source = models.for_pair(source, target, keys)
         else:
             model = models.named(name)
         src_lang, tgt_lang = model.request_languages(source, target, keys)

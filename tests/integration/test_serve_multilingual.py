@@ -8,113 +8,29 @@ From/To pickers follow the model's directions (a real browser)."""
 
 from __future__ import annotations
 
-import io
-import random
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 import httpx
 import pytest
-import sentencepiece as spm
-import torch
 
 from nmt import Translator
-from nmt.checkpoint import save_checkpoint, tokenizer_to_tensor
-from nmt.data.languages import LanguageTags, tag_piece
-from nmt.data.tokenizer import Tokenizer
-from nmt.model.config import ModelConfig
-from nmt.model.transformer import Transformer
-from nmt.vocab import SPECIAL_IDS
 from tests.integration.serve_process import ServeProcess, nmt_generate
 from tests.integration.test_serve_browser import CHROMEDRIVER, CHROMIUM, browser  # noqa: F401
+from tests.multilingual_checkpoint import multilingual_checkpoint, sentences
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # the directions the model knows: no de<->fr, so each source has its own targets
 DIRECTIONS = ["en-de", "de-en", "en-fr", "fr-en"]
 SEARCH = dict(beam=4, max_len_a=1.0, max_len_b=5)  # serve_process.SEARCH_ARGS
-WORDS = "one two three four five six seven eight nine ten red blue dog cat house".split()
-
-
-def _sentences(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(n)]
-
-
-def multilingual_checkpoint(
-    path: Path, directions: list[str], single: bool = False, seed: int = 0
-) -> Path:
-    """A random tiny Transformer with a joint SentencePiece model whose control symbols
-    are the tags of the directions' languages; `single`: a single-pair checkpoint of the
-    one direction (no tags, no data.languages)."""
-    langs = list(dict.fromkeys(lang for d in directions for lang in d.split("-")))
-    spm.set_random_generator_seed(1)
-    model_bytes = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_sentences(300, 0)),
-        model_writer=model_bytes,
-        vocab_size=40,
-        model_type="unigram",
-        character_coverage=1.0,
-        byte_fallback=False,
-        control_symbols=[] if single else [tag_piece(lang) for lang in langs],
-        bos_id=SPECIAL_IDS["bos"],
-        pad_id=SPECIAL_IDS["pad"],
-        eos_id=SPECIAL_IDS["eos"],
-        unk_id=SPECIAL_IDS["unk"],
-        num_threads=1,
-        minloglevel=2,
-    )
-    tokenizer = Tokenizer.from_bytes(model_bytes.getvalue())
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        embed_dim=32,
-        ffn_dim=64,
-        attention_heads=4,
-        encoder_layers=1,
-        decoder_layers=2,
-        dropout=0.0,
-        max_source_positions=32,
-        max_target_positions=32,
-        share_all_embeddings=True,
-    )
-    model = Transformer(cfg, tokenizer.vocab_size, tokenizer.vocab_size)
-    src, tgt = directions[0].split("-")
-    data = {
-        "src_lang": src,
-        "tgt_lang": tgt,
-        "src_vocab_size": tokenizer.vocab_size,
-        "tgt_vocab_size": tokenizer.vocab_size,
-        "joint_vocab": True,
-        "special_ids": dict(SPECIAL_IDS),
-        "normalization": {"nfkc": False},
-    }
-    if not single:
-        pieces = {lang: tag_piece(lang) for lang in langs}
-        processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_bytes)
-        ids = {lang: processor.piece_to_id(piece) for lang, piece in pieces.items()}
-        data["languages"] = LanguageTags("tgt", ids, tuple(directions), pieces).to_dict()
-    spm_tensor = tokenizer_to_tensor(tokenizer.model_bytes)
-    save_checkpoint(
-        {
-            "format_version": 1,
-            "model_config": asdict(cfg),
-            "model": model.state_dict(),
-            "data": data,
-            "tokenizers": {"src": spm_tensor, "tgt": spm_tensor},
-            "config": {},
-        },
-        path,
-    )
-    return path
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     return multilingual_checkpoint(
-        tmp_path_factory.mktemp("serve-multilingual") / "multi.pt", directions=DIRECTIONS
+        tmp_path_factory.mktemp("serve-multilingual") / "multi.pt", directions=DIRECTIONS, seed=3
     )
 
 
@@ -133,7 +49,7 @@ def translator(checkpoint) -> Translator:
 
 @pytest.fixture(scope="module")
 def lines() -> list[str]:
-    return _sentences(12, 1)
+    return sentences("en", 12, 1)
 
 
 def _error(response: httpx.Response, *needles: str) -> str:
@@ -165,13 +81,19 @@ def test_languages_list_each_source_with_its_directions(server):
     assert httpx.get(f"{server.url}/health").json()["models"] == ["en+de+fr"]
 
 
-def test_cli_api_and_server_agree_on_the_language_asked_for(
-    server, translator, checkpoint, lines, tmp_path
-):
+def test_nmt_generate_and_the_server_agree(server, translator, checkpoint, lines, tmp_path):
+    into_fr = translator.translate(lines, tgt_lang="fr")
+    assert nmt_generate(checkpoint, lines, tmp_path, "tgt_lang=fr") == into_fr
+    served = httpx.post(
+        f"{server.url}/translate", json={"q": lines, "source": "en", "target": "fr"}
+    )
+    assert served.json() == {"translatedText": into_fr}
+
+
+def test_the_api_and_the_server_agree_on_the_language_asked_for(server, translator, lines):
     into_fr = translator.translate(lines, tgt_lang="fr")
     into_de = translator.translate(lines, tgt_lang="de")
     assert into_fr != into_de  # the tag is what picks the language
-    assert nmt_generate(checkpoint, lines, tmp_path, "tgt_lang=fr") == into_fr
     libre = httpx.post(f"{server.url}/translate", json={"q": lines, "source": "en", "target": "fr"})
     assert libre.json() == {"translatedText": into_fr}
     native = httpx.post(f"{server.url}/v1/translate", json={"texts": lines, "tgt_lang": "de"})
@@ -186,6 +108,22 @@ def test_cli_api_and_server_agree_on_the_language_asked_for(
         assert got["translations"][0]["text"] == best[0].text
         assert got["translations"][0]["pieces"] == best[0].pieces  # no tag among them
         assert got["translations"][0]["score"] == pytest.approx(best[0].score, abs=1e-5)
+    # source=auto: the one source language trained into the target (en -> fr only)
+    auto = httpx.post(
+        f"{server.url}/translate", json={"q": lines, "source": "auto", "target": "fr"}
+    )
+    assert auto.json() == {
+        "translatedText": into_fr,
+        "detectedLanguage": [{"confidence": 100.0, "language": "en"}] * len(lines),
+    }
+    # a direction it was not trained on, between languages it knows: zero-shot, as the
+    # Translator does it (/languages lists the trained directions only)
+    german = sentences("de", 3, 2)
+    zero_shot = httpx.post(
+        f"{server.url}/translate", json={"q": german, "source": "de", "target": "fr"}
+    )
+    want_zero_shot = translator.translate(german, tgt_lang="fr", src_lang="de")
+    assert zero_shot.json() == {"translatedText": want_zero_shot}
 
 
 def test_a_mixed_batch_translates_each_sentence_as_alone(server, translator, lines):
@@ -222,11 +160,10 @@ def test_a_language_the_model_does_not_know_is_a_400_and_serving_goes_on(server,
         "target=xx",
         "de, fr",
     )
-    _error(  # a source the model knows, a target it was not trained to reach from it
-        httpx.post(f"{url}/translate", json={"q": "one", "source": "de", "target": "fr"}),
-        "target=fr",
-        "from de",
-        "en",
+    _error(  # de and fr both translate into en, and no detector tells them apart
+        httpx.post(f"{url}/translate", json={"q": "un", "source": "auto", "target": "en"}),
+        "source=auto: de, fr all translate into en",
+        "give source=",
     )
     _error(
         httpx.post(f"{url}/v1/translate", json={"texts": ["one"], "tgt_lang": "xx"}),
@@ -269,7 +206,7 @@ def test_score_takes_the_target_language(server, translator, lines):
 
 
 def test_a_multilingual_and_a_single_pair_model_side_by_side(checkpoint, tmp_path, lines):
-    single = multilingual_checkpoint(tmp_path / "de-fr.pt", ["de-fr"], single=True, seed=1)
+    single = multilingual_checkpoint(tmp_path / "de-fr.pt", None, directions=["de-fr"], seed=1)
     models = f"models=[{{name:multi,checkpoint:'{checkpoint}'}},{{checkpoint:'{single}'}}]"
     process = ServeProcess(None, models)
     try:
