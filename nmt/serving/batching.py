@@ -26,9 +26,10 @@ Overloaded.
 
 A translation never depends on the other sentences of its batch (Translator's invariant,
 constrained or not: a sentence's constraints are its own, so jobs with and without them
-share batches; so is a multilingual model's target language, whose tag is per sentence, so
-jobs into different languages share batches too), and only jobs with the same search (nbest aside, which only cuts the
-finished list) share a batch, so batching across clients changes only the speed.
+share batches; so is a multilingual model's target language, its tag per sentence, so jobs
+into different languages share batches too), and only jobs with the same search (nbest
+aside, which only cuts the finished list) share a batch, so batching across clients
+changes only the speed.
 Sampling jobs are never merged: each is decoded alone, in one Translator call with its
 search's options, which starts a random stream of its own from its seed; so an answer
 never depends on the other requests.

@@ -1,8 +1,8 @@
 """nmt's own API, with every generation option:
 
-    POST /v1/translate  {texts, model | source+target, src_lang, tgt_lang, prefixes, constraints, glossary,
-                         nbest, return_scores, return_alignment, return_attention, beam,
-                         lenpen, sampling, ...}
+    POST /v1/translate  {texts, model | source+target, src_lang, tgt_lang, prefixes,
+                         constraints, glossary, nbest, return_scores, return_alignment,
+                         return_attention, beam, lenpen, sampling, ...}
                      -> {model, results: [{translations: [{text, pieces, score, token_scores,
                          alignment, constraints_met}], attention: {source, target,
                          weights}}], warnings}
