@@ -205,29 +205,60 @@ def test_score_takes_the_target_language(server, translator, lines):
         assert g["log_prob"] == pytest.approx(w.log_prob, abs=1e-4)
 
 
-def test_a_multilingual_and_a_single_pair_model_side_by_side(checkpoint, tmp_path, lines):
+def test_multilingual_and_single_pair_models_side_by_side(checkpoint, tmp_path, lines):
+    """A tgt-tagged model, a single pair (de-fr) and a decoder-tagged model (every
+    direction) in one server: /languages merges them, a trained direction picks its model,
+    and the decoder's forced tag never shows in pieces or attention."""
     single = multilingual_checkpoint(tmp_path / "de-fr.pt", None, directions=["de-fr"], seed=1)
-    models = f"models=[{{name:multi,checkpoint:'{checkpoint}'}},{{checkpoint:'{single}'}}]"
-    process = ServeProcess(None, models)
+    decoder = multilingual_checkpoint(tmp_path / "decoder.pt", "decoder", seed=3)
+    specs = [f"{{name:multi,checkpoint:'{checkpoint}'}}", f"{{checkpoint:'{single}'}}"]
+    specs.append(f"{{name:dec,checkpoint:'{decoder}'}}")
+    process = ServeProcess(None, f"models=[{','.join(specs)}]")
     try:
         url = process.url
         languages = {
             entry["code"]: entry["targets"] for entry in httpx.get(f"{url}/languages").json()
         }
-        assert languages == {"en": ["de", "fr"], "de": ["en", "fr"], "fr": ["en"]}
+        assert languages == {"en": ["de", "fr"], "de": ["en", "fr"], "fr": ["de", "en"]}
         into_fr = Translator.from_checkpoint(single, device="cpu", **SEARCH).translate(lines[:2])
         pair = httpx.post(f"{url}/translate", json={"q": lines[:2], "source": "de", "target": "fr"})
-        assert pair.json()["translatedText"] == into_fr  # the single-pair model
+        assert pair.json()["translatedText"] == into_fr  # the single-pair model's
         native = httpx.post(
             f"{url}/v1/translate", json={"texts": lines[:2], "source": "de", "target": "en"}
         )
-        assert native.json()["model"] == "multi"
+        assert native.json()["model"] == "multi"  # the first trained on de-en
+        from_fr = httpx.post(f"{url}/translate", json={"q": "un", "source": "fr", "target": "de"})
+        assert from_fr.is_success  # only dec was trained on fr-de
         _error(  # the single-pair model refuses another target
             httpx.post(
                 f"{url}/v1/translate", json={"texts": ["a"], "model": "de-fr", "tgt_lang": "en"}
             ),
             "tgt_lang=en: model de-fr translates fr",
         )
+
+        targets = ["fr", "de", "en"]
+        texts = lines[:3]
+        want = Translator.from_checkpoint(decoder, device="cpu", **SEARCH).translate_batch(
+            texts, tgt_lang=targets, return_scores=True
+        )
+        got = httpx.post(
+            f"{url}/v1/translate",
+            json={
+                "texts": texts,
+                "model": "dec",
+                "tgt_lang": targets,
+                "return_scores": True,
+                "return_attention": True,
+            },
+        ).json()["results"]
+        for result, best in zip(got, want):
+            translation = result["translations"][0]
+            assert translation["text"] == best[0].text
+            assert translation["pieces"] == best[0].pieces
+            assert translation["score"] == pytest.approx(best[0].score, abs=1e-5)
+            attention = result["attention"]
+            assert attention["target"] == [*best[0].pieces, "</s>"]  # no tag row
+            assert not any(p.startswith("<2") for p in attention["source"])
     finally:
         assert process.stop() == 0, process.output()
 
