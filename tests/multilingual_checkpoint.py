@@ -99,13 +99,17 @@ def multilingual_checkpoint(
     langs: tuple[str, ...] = LANGS,
     directions: list[str] | None = None,
     model: ModelConfig = MODEL,
+    transformer: Transformer | None = None,
 ) -> Path:
     """Save a tiny random multilingual model (tags of `style`) at `path`; style None: a
-    single-pair model (the first direction's) with the same tokenizer, without tags."""
+    single-pair model (the first direction's) with the same tokenizer, without tags.
+    `transformer`: save these weights (over joint_tokenizer's vocabulary) instead."""
     tokenizer = joint_tokenizer(langs)
     tags = language_tags(style or "tgt", langs, directions)
-    torch.manual_seed(seed)
-    transformer = Transformer(model, tokenizer.vocab_size, tokenizer.vocab_size)
+    if transformer is None:
+        torch.manual_seed(seed)
+        transformer = Transformer(model, tokenizer.vocab_size, tokenizer.vocab_size)
+    model = transformer.cfg
     spm_tensor = tokenizer_to_tensor(tokenizer.model_bytes)
     first_src, first_tgt = tags.directions[0].split("-")
     save_checkpoint(

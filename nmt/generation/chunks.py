@@ -131,6 +131,7 @@ def translator_step(
             ]
         return translator.translate_ids(
             [s.ids for s in chunk],
+            **languages(cfg, chunk),
             prefixes=prefixes,
             alignment=cfg.print_alignment,
             constraints=constraints,
@@ -152,9 +153,19 @@ def scorer(cfg: GenerateConfig, translator: Translator) -> Step:
             if ids is None:  # a text reference
                 ids = encoder.to_ids(encoder.normalize([s.ref or ""]))[0]
             targets.append(encoder.fit(ids, s.index))
-        return [[h] for h in translator.score_ids([s.ids for s in chunk], targets)]
+        sources = [s.ids for s in chunk]
+        return [[h] for h in translator.score_ids(sources, targets, **languages(cfg, chunk))]
 
     return step
+
+
+def languages(cfg: GenerateConfig, chunk: list[Source]) -> dict[str, Any]:
+    """The chunk's tgt_lang and src_lang as Translator calls take them: tgt_lang= for
+    every line, or each line's own from tgt_lang_file=."""
+    tgt_lang: str | list[str | None] | None = cfg.tgt_lang
+    if cfg.tgt_lang_file is not None:
+        tgt_lang = [s.tgt_lang for s in chunk]
+    return {"tgt_lang": tgt_lang, "src_lang": cfg.src_lang}
 
 
 def sampling_seed(cfg: GenerateConfig, chunk: list[Source]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
+from nmt.data.languages import check_lang_code
 from nmt.errors import choice_error, option_error, setting
 from nmt.textlines import check_input_errors
 
@@ -257,6 +258,9 @@ class GenerateConfig(SearchConfig):
     format: str = "plain"  # plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines
     print_alignment: bool = False  # fairseq format: A- lines (hard alignment from attention)
     alignment_layer: int = -1  # decoder layer whose attention gives alignments; -1 = last
+    tgt_lang: Optional[str] = None  # a multilingual model: the language to translate into
+    src_lang: Optional[str] = None  # the input's language (lang_tag=src_tgt needs it)
+    tgt_lang_file: Optional[str] = None  # one target language code per input line
     prefix: Optional[str] = None  # target text every translation must start with
     prefix_file: Optional[str] = None  # one target prefix per input line ("" = none)
     constraints: Optional[str] = None  # JSON Lines: per input line, phrases that must (not) appear
@@ -305,6 +309,7 @@ class GenerateConfig(SearchConfig):
             raise option_error(
                 "ref", self.ref, "a data dir split has its own references", "drop ref="
             )
+        self._validate_languages()
         if self.prefix and self.prefix_file:
             raise option_error(
                 "prefix_file",
@@ -322,6 +327,26 @@ class GenerateConfig(SearchConfig):
                 )
         if self.score_reference:
             self._validate_score_reference()
+
+    def _validate_languages(self) -> None:
+        """Language codes are spelled as codes; one way of naming the target language."""
+        for key in ("tgt_lang", "src_lang"):
+            if getattr(self, key) is not None:
+                check_lang_code(getattr(self, key), key)
+        if self.tgt_lang is not None and self.tgt_lang_file is not None:
+            raise option_error(
+                "tgt_lang_file",
+                self.tgt_lang_file,
+                "given together with tgt_lang=",
+                "use tgt_lang= (one for all lines) or tgt_lang_file= (one per line)",
+            )
+        if self.tgt_lang_file is not None and self.split is not None:
+            raise option_error(
+                "tgt_lang_file",
+                self.tgt_lang_file,
+                "a data dir split is one direction",
+                "give src_lang= and tgt_lang= for a multilingual data dir's split",
+            )
 
     def _validate_score_reference(self) -> None:
         if self.split is None and self.ref is None:

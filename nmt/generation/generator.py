@@ -45,7 +45,13 @@ from nmt.generation.constraints import (
     check_constraints,
     required_ids,
 )
-from nmt.generation.processors import NEG_INF, ForcedTokens, LogitProcessors, Rule
+from nmt.generation.processors import (
+    NEG_INF,
+    ForcedTokens,
+    LogitProcessors,
+    NeverGenerate,
+    Rule,
+)
 from nmt.generation.search import beam_candidates, length_penalty, sample_candidates, select_active
 from nmt.generation.shortlist import BatchVocab, batch_vocab
 from nmt.model.cache import CacheMemory
@@ -370,8 +376,12 @@ class SequenceGenerator:
         attn_layer: int | None = None,
         shortlist: Shortlist | None = None,
         cache_memory: Sequence[CacheMemory] | None = None,
+        never: Sequence[int] = (),
     ):
+        """`never`: target ids no hypothesis may choose (a multilingual model's language
+        tags); a forced prefix may still hold them."""
         search.validate()
+        self.never = tuple(never)
         self.models = list(models)
         self.search = search
         self.shortlist = shortlist
@@ -504,6 +514,8 @@ class SequenceGenerator:
         if vocab is not None and prefix_tokens is not None:
             prefix_tokens = vocab.to_columns(prefix_tokens)
         required, banned, rules = self._constraints(constraints, vocab, device)
+        if self.never:
+            rules = (*rules, self._never_rule(vocab))
         scores = torch.zeros(bsz, k, device=device)  # [B,K]
         if not self.search.sampling:
             # All K start states are the same; extending only the first avoids K copies.
@@ -533,6 +545,16 @@ class SequenceGenerator:
             longest=longest,
             on_cpu=device.type == "cpu",
         )
+
+    def _never_rule(self, vocab: BatchVocab | None) -> Rule:
+        """The rule that keeps `never`'s ids out of the batch's hypotheses (their columns
+        over a shortlist: those of them that are candidates)."""
+        if vocab is None:
+            return NeverGenerate(self.never)
+        known = vocab.columns.size(0)
+        ids = [i for i in self.never if i < known]
+        columns = vocab.columns[ids].tolist() if ids else []
+        return NeverGenerate([c for c in columns if c >= 0])
 
     def _constraints(
         self,

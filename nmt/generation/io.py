@@ -50,6 +50,7 @@ class Source:
     ref_ids: np.ndarray | None = None  # the reference's ids as stored (data dir splits)
     prefix: str | None = None  # target prefix for this sentence (prefix_file); "" = none
     constraints: TextConstraints | None = None  # its line of constraints= (None: none given)
+    tgt_lang: str | None = None  # its line of tgt_lang_file= (None: none given)
 
 
 def print_warning(message: str) -> None:

@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nmt.errors import NmtError
+from nmt.data.languages import direction_name
+from nmt.data.meta import DataMeta
+from nmt.errors import NmtError, option_error
 from nmt.fsutil import check_not_an_input
 from nmt.generation.chunks import ChunkOutput, ChunkTranslator, load_translator
 from nmt.generation.config import GenerateConfig
@@ -43,6 +45,7 @@ from nmt.generation.io import (
     text_sources,
     with_side_lines,
 )
+from nmt.generation.langfile import LanguageFile, line_code
 from nmt.generation.terminology import Glossary, iter_constraints, parse_constraints_line
 from nmt.generation.translator import Translator, checkpoint_paths
 from nmt.generation.workers import WorkerPool, check_workers, worker_threads
@@ -63,6 +66,7 @@ def _generate(cfg: GenerateConfig) -> int:
     # a mistake costs no model loading, and nothing is written before it is found.
     check_output(cfg)
     lines = check_text_inputs(cfg)
+    lang_file = scan_language_file(cfg, lines)
     glossary = Glossary.read(cfg.glossary) if cfg.glossary is not None else None
     folder = None
     if cfg.workers > 1:
@@ -72,6 +76,7 @@ def _generate(cfg: GenerateConfig) -> int:
     translator = load_translator(cfg, 1 if cfg.workers > 1 else cfg.threads)
     if translator.runtime.note:
         print(f"nmt-generate: note: {translator.runtime.note}", file=sys.stderr)
+    check_languages(cfg, translator, lang_file)
     check_phrases(cfg, translator, glossary)
     interactive = cfg.interactive
     if interactive is None:  # workers read stdin in chunks too
@@ -249,7 +254,8 @@ def check_output(cfg: GenerateConfig) -> None:
     check_not_an_input("output", cfg.output, inputs)
 
 
-SIDE_FILES = ("ref", "prefix_file", "constraints", "glossary")  # text files beside input=
+# text files beside input=
+SIDE_FILES = ("ref", "prefix_file", "constraints", "glossary", "tgt_lang_file")
 
 
 def check_text_inputs(cfg: GenerateConfig) -> dict[str, int]:
@@ -282,6 +288,31 @@ def check_text_inputs(cfg: GenerateConfig) -> dict[str, int]:
     if cfg.glossary is not None:
         check_text_file(cfg.glossary, "glossary")
     return lines
+
+
+def scan_language_file(cfg: GenerateConfig, lines: dict[str, int]) -> LanguageFile | None:
+    """tgt_lang_file= scanned before the model loads: a code on each line, one line per
+    input line (when the input's count is known)."""
+    if cfg.tgt_lang_file is None:
+        return None
+    found = LanguageFile.scan(cfg.tgt_lang_file)
+    if "input" in lines and found.lines != lines["input"]:
+        raise line_count_error(
+            cfg.tgt_lang_file, "tgt_lang_file", found.lines, lines["input"], cfg.input
+        )
+    return found
+
+
+def check_languages(
+    cfg: GenerateConfig, translator: Translator, lang_file: LanguageFile | None
+) -> None:
+    """The run's languages are the model's (NmtError naming the option, or the file and
+    line of tgt_lang_file=), before anything is translated."""
+    if lang_file is None:
+        translator.check_languages(cfg.tgt_lang, cfg.src_lang)
+    else:
+        translator.check_source_language(cfg.src_lang)
+        lang_file.check(translator, cfg.src_lang)
 
 
 def line_count_error(path: str, key: str, lines: int, total: int, input_name: str) -> NmtError:
@@ -332,6 +363,10 @@ def open_sources(
         prefixes = AlignedLines(cfg.prefix_file, "prefix_file", where, cfg.input_errors)
         inputs.chunks = with_side_lines(inputs.chunks, prefixes, complete, set_prefix)
         inputs.side.append(prefixes)
+    if cfg.tgt_lang_file is not None:
+        codes = AlignedLines(cfg.tgt_lang_file, "tgt_lang_file", where, cfg.input_errors)
+        inputs.chunks = with_side_lines(inputs.chunks, codes, complete, set_tgt_lang)
+        inputs.side.append(codes)
     if cfg.constraints is not None:
         path = cfg.constraints  # parsed before: only a file changed since fails here
         constraints = AlignedLines(path, "constraints", where)
@@ -345,6 +380,10 @@ def open_sources(
 
 def set_prefix(source: Source, line: str) -> None:
     source.prefix = line
+
+
+def set_tgt_lang(source: Source, line: str) -> None:
+    source.tgt_lang = line_code(line)
 
 
 def _split_sources(
@@ -362,19 +401,45 @@ def _split_sources(
                 "translate a data dir built for this model"
             )
     check_vocab_sizes(cfg.input, meta, translator.src_tokenizer, translator.tgt_tokenizer)
-    if cfg.split not in meta.splits:
+    split, src_lang, tgt_lang = split_direction(cfg, meta)
+    if split not in meta.splits:
         raise NmtError(
             f"split={cfg.split}: not in {cfg.input}; choose one of {', '.join(sorted(meta.splits))}"
         )
-    src = TokenArray(split_prefix(cfg.input, cfg.split, meta.src_lang), meta.dtype)
-    tgt_prefix = split_prefix(cfg.input, cfg.split, meta.tgt_lang)
+    src = TokenArray(split_prefix(cfg.input, split, src_lang), meta.dtype)
+    tgt_prefix = split_prefix(cfg.input, split, tgt_lang)
     tgt = TokenArray(tgt_prefix, meta.dtype) if Path(f"{tgt_prefix}.bin").is_file() else None
     if cfg.score_reference and tgt is None:
         raise NmtError(
-            f"score_reference=true: split {cfg.split} of {cfg.input} has no {meta.tgt_lang} "
+            f"score_reference=true: split {cfg.split} of {cfg.input} has no {tgt_lang} "
             "side to score; choose a split with references, or text input with ref="
         )
     return (
         split_sources(src, tgt, translator.src_tokenizer, translator.tgt_tokenizer, encoder, chunk),
         len(src),
     )
+
+
+def split_direction(cfg: GenerateConfig, meta: DataMeta) -> tuple[str, str, str]:
+    """(stored split, source language, target language) of split= in the data dir: a
+    multilingual one's part for the direction src_lang-tgt_lang (both required)."""
+    if not meta.multilingual:
+        return cfg.split or "", meta.src_lang, meta.tgt_lang
+    directions = ", ".join(meta.directions)
+    if cfg.src_lang is None or cfg.tgt_lang is None:
+        missing = "src_lang" if cfg.src_lang is None else "tgt_lang"
+        raise option_error(
+            "split",
+            cfg.split,
+            f"{cfg.input} holds several directions ({directions}), and {missing}= is not given",
+            "add src_lang= and tgt_lang= to choose one",
+        )
+    direction = direction_name(cfg.src_lang, cfg.tgt_lang)
+    if direction not in meta.directions:
+        raise option_error(
+            "tgt_lang",
+            cfg.tgt_lang,
+            f"{cfg.input} has no direction {direction}",
+            f"choose one of {directions}",
+        )
+    return meta.direction_split(cfg.split or "", direction)

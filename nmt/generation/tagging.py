@@ -23,6 +23,7 @@ import torch
 
 from nmt.data.languages import LanguageTags
 from nmt.errors import NmtError
+from nmt.generation.config import SearchConfig
 from nmt.generation.generator import Hypothesis
 
 # One language code for every sentence of a call, or one per sentence (None: not given).
@@ -75,6 +76,21 @@ class ModelLanguages:
         # positions the tags take, the same for every sentence of the model
         self.source_length = {"tgt": 1, "src_tgt": 2}.get(style or "", 0)
         self.target_length = 1 if style == "decoder" else 0
+        # no hypothesis chooses a tag: one starts a decoder-style target only when forced
+        self.tag_ids = sorted(languages.ids.values()) if languages is not None else []
+
+    def decoding(self, search: SearchConfig) -> SearchConfig:
+        """The search as the generator runs it. A forced target tag is one more output
+        token, so min_len (when set) and max_len_b count it too: the options count the
+        tokens a translation shows."""
+        t = self.target_length
+        if not t:
+            return search
+        return dataclasses.replace(
+            search,
+            min_len=search.min_len + t if search.min_len else 0,
+            max_len_b=search.max_len_b + t,
+        )
 
     def check_pieces(
         self, piece_names: Callable[[list[int]], list[str]], vocab_size: int, where: str
@@ -105,16 +121,22 @@ class ModelLanguages:
             out.append(found[pair])
         return out
 
+    def check_source(self, src: str | None, key: str = "src_lang") -> str | None:
+        """`src` if the model translates from it (None: if it need not be named)."""
+        if self.languages is None:
+            self._check_own(src, self.src_lang, key, "from")
+            return src
+        return self.languages.check_source(src, key)
+
     def _sentence_tags(
         self, src: str | None, tgt: str | None, src_key: str, tgt_key: str
     ) -> SentenceTags:
         langs = self.languages
+        src = self.check_source(src, src_key)
         if langs is None:
             self._check_own(tgt, self.tgt_lang, tgt_key, "into")
-            self._check_own(src, self.src_lang, src_key, "from")
             return NO_TAGS
         tgt = langs.check_target(tgt, tgt_key)
-        src = langs.check_source(src, src_key)
         return SentenceTags(
             source=np.asarray(langs.source_prefix(src, tgt), dtype=np.int64),
             target=np.asarray(langs.target_prefix(tgt), dtype=np.int64),

@@ -35,8 +35,10 @@ the source ids (which keep their EOS; they count against max_source_positions, s
 the first target token. No tag ever reaches a translation's text, pieces, token_scores
 or alignment; its `score` is the search's, which counts a forced tag's step (and its
 position in the length) as the steps of any forced prefix count: the tag's log-prob is
-the same for every hypothesis of a sentence, so it never changes their order. A
-single-pair model takes no language or its own, and refuses others (NmtError).
+the same for every hypothesis of a sentence, so it never changes their order. min_len
+and max_len_b count the tokens after a forced tag, and no hypothesis ever chooses a tag
+(the search never generates one). A single-pair model takes no language or its own, and
+refuses others (NmtError).
 """
 
 from __future__ import annotations
@@ -297,7 +299,11 @@ class Translator:
     def _generator(self, search: SearchConfig) -> SequenceGenerator:
         """A generator of `search` over this translator's models and cache memory."""
         return SequenceGenerator(
-            self.models, search, shortlist=self.shortlist, cache_memory=self._cache_memory
+            self.models,
+            self._langs.decoding(search),
+            shortlist=self.shortlist,
+            cache_memory=self._cache_memory,
+            never=self._langs.tag_ids,
         )
 
     def _call_generator(self, search_options: dict[str, Any]) -> tuple[SequenceGenerator, int]:
@@ -312,6 +318,24 @@ class Translator:
         if same and not search.sampling:
             return self.generator, search.nbest
         return self._generator(search), search.nbest
+
+    def check_languages(self, tgt_lang: LangsLike = None, src_lang: LangsLike = None) -> None:
+        """NmtError unless this model translates `src_lang` into `tgt_lang` as a call's
+        options give them (one code, or a list with one per text)."""
+        n = max(
+            (
+                len(x)
+                for x in (tgt_lang, src_lang)
+                if isinstance(x, Sequence) and not isinstance(x, str)
+            ),
+            default=1,
+        )
+        self._langs.tags(n, tgt_lang, src_lang)
+
+    def check_source_language(self, src_lang: str | None) -> None:
+        """NmtError unless this model translates from `src_lang` (None: unless it must
+        be named, as lang_tag=src_tgt needs)."""
+        self._langs.check_source(src_lang)
 
     @property
     def device(self) -> torch.device:

@@ -31,7 +31,15 @@ FORMAT = 1
 # Options that change how a run goes, never its output.
 RUN_ONLY = ("workers", "threads", "resume", "progress", "debug", "output", "interactive")
 # Options naming files whose contents decide the output (besides checkpoint=).
-FILE_OPTIONS = ("input", "ref", "prefix_file", "constraints", "glossary", "shortlist")
+FILE_OPTIONS = (
+    "input",
+    "ref",
+    "prefix_file",
+    "constraints",
+    "glossary",
+    "shortlist",
+    "tgt_lang_file",
+)
 
 
 def work_folder_path(output: str) -> Path:

@@ -9,6 +9,30 @@ special tokens are nmt's (<s> <unk> </s>), the decoder starts with </s> and the 
 gets </s> appended, as in nmt. The SentencePiece model(s) are copied next to the
 weights, so the directory is all a CTranslate2 user needs.
 
+A multilingual model (issue 49) exports as it is: its language tags are SentencePiece
+control symbols, so they are pieces of the vocabulary ("<2fr>") like any other, and
+nmt_export.json records them under "languages" (LanguageTags.to_dict: style, pieces,
+ids, directions). CTranslate2 is called with the tags where nmt puts them:
+
+    tags = [[p] for p in info["languages"]["pieces"].values()]
+    # lang_tag=tgt: the target's tag first in the source (src_tgt: the source's, then it)
+    translator.translate_batch([["<2fr>"] + sp.encode(text, out_type=str)],
+                               suppress_sequences=tags)
+    # lang_tag=decoder: the source as it is; the tag forced first in the target, and
+    # dropped from the hypothesis (CTranslate2 returns the prefix with it)
+    translator.translate_batch([sp.encode(text, out_type=str)],
+                               target_prefix=[["<2fr>"]], suppress_sequences=tags)
+
+suppress_sequences keeps the tags out of the free steps, as nmt's search does (the
+forced prefix is not suppressed; CTranslate2 suppresses before its softmax and nmt after
+it, which agree where the model gives a tag no probability of its own, as a trained one
+does after the first target position). Scores: nmt's sums a forced decoder tag's
+log-prob with the others' (as for any forced prefix), CTranslate2's leaves it out of the
+sum; both count it in the length. With lenpen=0 they rank alike and CTranslate2's score
+is the sum of nmt's token_scores; with a length penalty they may order the n-best apart.
+CTranslate2 never ends a translation right after its target prefix, as nmt's min_len=1
+does not (min_len and max_len_b count the tokens after the tag).
+
 `ctranslate2` is an optional dependency (`pip install nmt[export]`).
 """
 
@@ -269,6 +293,7 @@ def export_ctranslate2(
         "vmap": None if vmap is None else str(vmap),
         "special_ids": data.get("special_ids"),
         "normalization": data.get("normalization"),
+        "languages": data.get("languages"),  # a multilingual model's tags, else None
         "model_config": {
             k: getattr(bundle.model_config, k)
             for k in (

@@ -99,10 +99,12 @@ def test_mixed_targets_in_a_batch_equal_each_alone(checkpoint, translator):
     assert other != [per[0].text for per in want]
 
 
-def _greedy(model, source: list[int], forced: list[int], max_len: int) -> list[int]:
+def _greedy(
+    model, source: list[int], forced: list[int], never: list[int], max_len: int
+) -> list[int]:
     """Greedy decoding with Transformer.forward alone (no cache, no nmt search code):
-    `forced` first, then the argmax over every token but PAD and BOS (and EOS first:
-    min_len=1); EOS at max_len."""
+    `forced` first, then the argmax over every token but PAD, BOS and `never` (the tags;
+    nor EOS right after `forced`: min_len=1); EOS at max_len."""
     src = torch.tensor([source])
     out: list[int] = []
     with torch.no_grad():
@@ -111,8 +113,8 @@ def _greedy(model, source: list[int], forced: list[int], max_len: int) -> list[i
                 return out + [EOS]
             prev = torch.tensor([[EOS] + out])
             logits = model(src, prev)[0, -1].float()  # [V]
-            logits[[PAD, BOS]] = -torch.inf
-            if not out:
+            logits[[PAD, BOS, *never]] = -torch.inf
+            if len(out) <= len(forced):  # min_len=1 counts the tokens after a forced tag
                 logits[EOS] = -torch.inf
             token = forced[len(out)] if len(out) < len(forced) else int(logits.argmax())
             out.append(token)
@@ -133,7 +135,8 @@ def test_the_tag_is_what_decides(translator, style):
         for text_ids, per_source in zip(ids, got):
             source = tags.source_prefix("en", tgt) + text_ids + [EOS]
             forced = tags.target_prefix(tgt)
-            want = _greedy(model, source, forced, model.cfg.max_target_positions - 1)
+            never = list(tags.ids.values())
+            want = _greedy(model, source, forced, never, model.cfg.max_target_positions - 1)
             hyp = per_source[0]
             assert want[: len(forced)] == forced
             assert translator.pieces(want[len(forced) : -1]) == hyp.pieces
@@ -255,3 +258,14 @@ def test_an_ensemble_needs_the_same_languages(tmp_path):
     assert ensemble.translate(["one two"], tgt_lang="fr")
     with pytest.raises(NmtError, match=rf"^{c}: its languages and tags differ from {a}'s"):
         Translator.from_checkpoint([a, c], device="cpu")
+
+
+def test_length_options_count_the_tokens_a_translation_shows(translator):
+    """min_len and max_len_b leave a forced decoder tag out: max_len_b=1 with min_len=1
+    is one visible piece in every style."""
+    tgt, src = _langs(TEXTS)
+    results = translator.translate_batch(
+        TEXTS, tgt_lang=tgt, src_lang=src, max_len_b=1, min_len=1, nbest=1
+    )
+    for text, per_source in zip(TEXTS, results):
+        assert len(per_source[0].pieces) == (1 if text else 0)
