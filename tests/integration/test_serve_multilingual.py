@@ -287,14 +287,19 @@ def test_the_page_picks_the_target_language(server, translator, browser, lines):
     source.select_by_value("en")
     assert values(target) == ["de", "fr"]
 
-    browser.find_element(By.ID, "source").send_keys(lines[0])
-    for lang in ("fr", "de"):
+    def shown(driver) -> list[str]:  # read at once: the page redraws its results
+        return driver.execute_script(
+            "return [...document.querySelectorAll('.result li.best')]"
+            ".map((e) => e.textContent.trim())"
+        )
+
+    # a line whose translations into fr and de differ, so each answer shows which it was
+    into = {
+        lang: translator.translate(lines, tgt_lang=lang, src_lang="en") for lang in ("fr", "de")
+    }
+    line, want_fr, want_de = next(t for t in zip(lines, into["fr"], into["de"]) if t[1] != t[2])
+    browser.find_element(By.ID, "source").send_keys(line)
+    for lang, want in (("fr", want_fr), ("de", want_de)):
         target.select_by_value(lang)
         browser.find_element(By.ID, "translate").click()
-        (want,) = translator.translate(lines[:1], tgt_lang=lang, src_lang="en")
-        wait.until(
-            lambda d, want=want: (
-                [e.text for e in d.find_elements(By.CSS_SELECTOR, ".result li.best")]
-                == [want.strip()]
-            )
-        )
+        wait.until(lambda d, want=want: shown(d) == [want.strip()])
