@@ -1,7 +1,7 @@
 """Translation as a service: nmt-serve's FastAPI app over nmt.Translator.
 
 config.py          ServeConfig (the server, its limits, batching), ModelSpec (a model by name)
-models.py          ModelRegistry: the loaded models, by name and by language pair
+models.py          ModelRegistry: the loaded models, by name and by direction (multilingual too)
 batching.py        BatchQueue: requests' sentences batched across clients, one worker per model
 admission.py       whether a new job's work can be done before the deadlines waiting
 service.py         what every route does: limits, search options, queueing, timeouts

@@ -83,7 +83,7 @@ def create_app(
                 on_load_error(exc)
             return
         ready(registry)
-        names = ", ".join(f"{m.name} ({m.source}->{m.target})" for m in registry.models)
+        names = ", ".join(f"{m.name} ({m.label()})" for m in registry.models)
         log.info("nmt-serve: ready: %s", names)
 
     loader = threading.Thread(target=load, name="nmt-serve-load", daemon=True)

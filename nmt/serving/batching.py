@@ -26,8 +26,10 @@ Overloaded.
 
 A translation never depends on the other sentences of its batch (Translator's invariant,
 constrained or not: a sentence's constraints are its own, so jobs with and without them
-share batches), and only jobs with the same search (nbest aside, which only cuts the
-finished list) share a batch, so batching across clients changes only the speed.
+share batches; so is a multilingual model's target language, its tag per sentence, so jobs
+into different languages share batches too), and only jobs with the same search (nbest
+aside, which only cuts the finished list) share a batch, so batching across clients
+changes only the speed.
 Sampling jobs are never merged: each is decoded alone, in one Translator call with its
 search's options, which starts a random stream of its own from its seed; so an answer
 never depends on the other requests.
@@ -111,6 +113,10 @@ class Job:
     model_glossary: Glossary | None = None
     targets: Sequence[str] | None = None  # SCORE: the translations to score
     alignment: bool = False  # TRANSLATE: hypotheses carry attention
+    # a multilingual model's languages (Translator's src_lang, tgt_lang: one, or one per
+    # text), checked by the route already (None: a single-pair model's)
+    src_lang: str | None = None
+    tgt_lang: str | Sequence[str] | None = None
     kind: Hashable = None  # jobs of the same kind may share a batch (None: job_kind's)
     where: str = "texts"  # names the texts in messages (over-long lines)
     finish: Callable[[Job], Any] | None = None
@@ -120,6 +126,8 @@ class Job:
     prefix_ids: list[np.ndarray | None] | None = None
     constraint_ids: list[TokenConstraints | None] | None = None  # with constraints or glossary
     target_ids: list[np.ndarray] | None = None
+    tgt_langs: list[str] | None = None  # tgt_lang per text
+    tag_lengths: tuple[int, int] = (0, 0)  # positions its tags add to a source, a target
     warnings: list[str] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
     taken: int = 0  # sentences handed to a batch so far
@@ -166,6 +174,12 @@ class Job:
         if self.targets is not None:
             target = translator.target_encoder("targets", warn=self.warnings.append)
             self.target_ids = _fit(target, self.targets)
+        if self.tgt_lang is not None:
+            n = len(self.texts)
+            self.tgt_langs = (
+                [self.tgt_lang] * n if isinstance(self.tgt_lang, str) else list(self.tgt_lang)
+            )
+            self.tag_lengths = _tag_lengths(translator, self.src_lang, self.tgt_langs)
         self.results = [None] * len(self.texts)
         self.left = len(self.texts)
 
@@ -207,11 +221,24 @@ class Job:
         return notes
 
     def cost(self, i: int) -> int:
-        """Sentence i's length as batching counts it (0: nothing to decode)."""
+        """Sentence i's length as batching counts it, its tags included, as the
+        Translator's batches count it (0: nothing to decode)."""
         n = len(self.sources[i])
-        if self.target_ids is not None:
-            return max(n, len(self.target_ids[i]), 1)  # an empty side is scored as [EOS]
-        return n
+        source_tags, target_tags = self.tag_lengths
+        if self.target_ids is not None:  # an empty side is scored as [EOS]
+            return max(max(n, 1) + source_tags, len(self.target_ids[i]) + target_tags)
+        return n + source_tags if n else 0
+
+
+def _tag_lengths(
+    translator: Translator, src_lang: str | None, tgt_langs: list[str]
+) -> tuple[int, int]:
+    """The positions a multilingual model's tags add to a source and to a target (the
+    same for every language of a model)."""
+    tags = translator.languages
+    if tags is None or not tgt_langs:
+        return 0, 0
+    return len(tags.source_prefix(src_lang, tgt_langs[0])), len(tags.target_prefix(tgt_langs[0]))
 
 
 def job_kind(op: str, search: SearchConfig, alignment: bool = False) -> Hashable:
@@ -589,9 +616,14 @@ def _run(head: Job, batch: list[tuple[Job, int]], cancelled: _Cancelled) -> list
     sources = [job.sources[i] for job, i in batch]
     translator, search = head.translator, head.search
     assert search is not None
+    # each sentence's languages: a batch mixes target languages (the tag is per sentence)
+    langs = {
+        "tgt_lang": _per_sentence(batch, lambda job: job.tgt_langs),
+        "src_lang": _per_sentence(batch, lambda job: _each(job.src_lang, len(job.texts))),
+    }
     if head.op == SCORE:
         targets = [job.target_ids[i] for job, i in batch]  # type: ignore[index]
-        return translator.score_ids(sources, targets, lenpen=search.lenpen)
+        return translator.score_ids(sources, targets, lenpen=search.lenpen, **langs)
     # the head's search, as options of this call (sampling: a stream of its own from seed)
     options = {**dataclasses.asdict(search), "nbest": max(job.nbest for job, _ in batch)}
     hyps = translator.translate_ids(
@@ -600,6 +632,7 @@ def _run(head: Job, batch: list[tuple[Job, int]], cancelled: _Cancelled) -> list
         constraints=_per_sentence(batch, lambda job: job.constraint_ids),
         alignment=head.alignment,
         cancelled=cancelled,
+        **langs,
         **options,
     )
     # nbest only cuts the finished list (best first), so fewer is a prefix of more.
@@ -615,6 +648,10 @@ def _per_sentence(
     if all(v is None for v in per_job):
         return None
     return [None if v is None else v[i] for v, (_, i) in zip(per_job, batch)]
+
+
+def _each(value: str | None, n: int) -> list[str] | None:
+    return None if value is None else [value] * n
 
 
 def _deliver(batch: list[tuple[Job, int]], outcome: list[Any] | Exception) -> None:

@@ -8,10 +8,14 @@
                   -> {"translatedText": str | [str]} (+ "alternatives", "detectedLanguage")
     POST /detect     q (a string), api_key
                   -> [{"confidence": 100.0, "language": code}]: the one source language served
-    GET /languages -> [{"code", "name", "targets"}]
+    GET /languages -> [{"code", "name", "targets"}]: every language of every model, each
+                     with the languages it translates into (a multilingual model: its
+                     directions)
     errors        -> {"error": message}, status 400 (403 for the API key, 413 over a limit)
 
-Each line of a text is translated as one sentence and the lines are joined again, so
+`source` and `target` pick the model and, for a multilingual model, the target language's
+tag (a language it does not know: a 400 naming the ones it knows). Each line of a text is
+translated as one sentence and the lines are joined again, so
 paragraphs keep their shape. "auto" takes the one source language that translates into the
 target, and /detect answers the one source language the server translates from: this
 server has no language detector, so with several source languages both are a 400 asking
@@ -84,13 +88,21 @@ def router(service: Service) -> APIRouter:
         lines = [line for t in texts for line in t.split("\n")]
         glossary = _glossary(params.get("glossary"))
         service.check_size("q", lines, extra_chars=json_chars(glossary))
-        model = service.registry().for_pair(source, target)
+        route = service.find(None, source, target)
+        model = route.model
         wanted = {"nbest": alternatives + 1}  # n alternatives need a beam of n + 1
         if alternatives + 1 > model.search.beam:
             wanted["beam"] = alternatives + 1
         search = service.search(model, wanted)
         answer = await service.translate(
-            model, lines, texts_of, search=search, glossary=request_glossary(glossary), where="q"
+            model,
+            lines,
+            texts_of,
+            search=search,
+            glossary=request_glossary(glossary),
+            where="q",
+            src_lang=route.src_lang,
+            tgt_lang=route.tgt_lang,
         )
         for warning in answer.warnings:
             log.warning("%s", warning)
@@ -105,7 +117,7 @@ def router(service: Service) -> APIRouter:
                 others.append(_alternative_texts(per_line, alternatives, best[-1]))
         out: dict[str, Any] = {"translatedText": best[0] if isinstance(q, str) else best}
         if source == AUTO:
-            detected = {"confidence": 100.0, "language": model.source}
+            detected = {"confidence": 100.0, "language": route.source}
             out["detectedLanguage"] = detected if isinstance(q, str) else [detected] * len(q)
         if alternatives:
             out["alternatives"] = others[0] if isinstance(q, str) else others

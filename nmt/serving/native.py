@@ -1,14 +1,22 @@
 """nmt's own API, with every generation option:
 
-    POST /v1/translate  {texts, model | source+target, prefixes, constraints, glossary,
-                         nbest, return_scores, return_alignment, return_attention, beam,
-                         lenpen, sampling, ...}
+    POST /v1/translate  {texts, model | source+target, src_lang, tgt_lang, prefixes,
+                         constraints, glossary, nbest, return_scores, return_alignment,
+                         return_attention, beam, lenpen, sampling, ...}
                      -> {model, results: [{translations: [{text, pieces, score, token_scores,
                          alignment, constraints_met}], attention: {source, target,
                          weights}}], warnings}
-    POST /v1/score      {sources, targets, model | source+target, lenpen}
+    POST /v1/score      {sources, targets, model | source+target, src_lang, tgt_lang, lenpen}
                      -> {model, scores: [{log_prob, score, token_scores, pieces}]}
-    GET  /v1/models  -> {models: [{name, source, target, search}], api_key_required, limits}
+    GET  /v1/models  -> {models: [{name, source, target, languages, search}],
+                         api_key_required, limits}
+
+`tgt_lang` (one code, or one per text) picks a multilingual model's target language (its
+tag, per sentence: texts into different languages share batches), `src_lang` its source
+language (optional unless its tags name the source); `target`/`source` are the same in
+LibreTranslate's names, and with no model named they pick the model (the first that
+translates them). A single-pair model takes them when they are its own. A language the
+model does not know is a 400 naming the ones it knows.
 
 A text is one sentence, as for Translator.translate_batch, and the answers equal its
 answers: the search options a request may give are SearchConfig's (but use_cache, the
@@ -26,15 +34,16 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from nmt.generation.config import SEARCH_OPTIONS, SearchConfig
-from nmt.serving.errors import check_text
+from nmt.serving.errors import bad_request, check_text
 from nmt.serving.service import (
+    Route,
     Service,
     json_chars,
     request_constraints,
@@ -63,6 +72,15 @@ class _Body(BaseModel):
     model: Optional[str] = Field(None, description="the model's name; or give source and target")
     source: Optional[str] = Field(None, description="source language code")
     target: Optional[str] = Field(None, description="target language code")
+    src_lang: Optional[str] = Field(
+        None,
+        description="source language code (as source); optional unless the model's tags need it",
+    )
+    tgt_lang: Optional[Union[str, list[str]]] = Field(
+        None,
+        description="target language code (as target), or one per text: a multilingual "
+        "model translates each text into its own",
+    )
     api_key: Optional[str] = Field(None, description="the server's API key, when it has one")
 
 
@@ -140,7 +158,8 @@ def router(service: Service) -> APIRouter:
         service.check_size("texts", body.texts, extra_chars=chars)
         constraints = request_constraints(body.constraints, len(body.texts))
         glossary = request_glossary(body.glossary)
-        model = service.find(body.model, body.source, body.target)
+        route = _route(service, body, len(body.texts))
+        model = route.model
         search = service.search(model, {k: getattr(body, k) for k in REQUEST_SEARCH_OPTIONS})
         pieces = service.source_pieces[model.name] if body.return_attention else None
         answer = await service.translate(
@@ -152,6 +171,8 @@ def router(service: Service) -> APIRouter:
             constraints=constraints,
             glossary=glossary,
             alignment=body.return_alignment or body.return_attention,
+            src_lang=route.src_lang,
+            tgt_lang=route.tgt_lang,
         )
         return JSONResponse(
             {"model": model.name, "results": answer.value, "warnings": answer.warnings}
@@ -163,13 +184,41 @@ def router(service: Service) -> APIRouter:
     ) -> JSONResponse:
         _check(service, body, request, authorization)
         service.check_size("sources", body.sources, extra_chars=sum(map(len, body.targets)))
-        model = service.find(body.model, body.source, body.target)
+        route = _route(service, body, len(body.sources))
+        model = route.model
         search = service.search(model, {"lenpen": body.lenpen})
-        answer = await service.score(model, body.sources, body.targets, search)
+        answer = await service.score(
+            model,
+            body.sources,
+            body.targets,
+            search,
+            src_lang=route.src_lang,
+            tgt_lang=route.tgt_lang,
+        )
         scores = [dataclasses.asdict(s) for s in answer.value]
         return JSONResponse({"model": model.name, "scores": scores, "warnings": answer.warnings})
 
     return routes
+
+
+def _route(service: Service, body: _Body, texts: int) -> Route:
+    """The request's model and languages: `src_lang`/`tgt_lang`, or `source`/`target`
+    (the same, in LibreTranslate's names; both given, they must agree)."""
+    langs = []
+    for new, old in (("src_lang", "source"), ("tgt_lang", "target")):
+        given, alias = getattr(body, new), getattr(body, old)
+        if given is not None and alias is not None and given != alias:
+            raise bad_request(f"{old}={alias}, {new}={given}: they differ; give one of them")
+        langs.append((old, alias) if given is None and alias is not None else (new, given))
+    (src_key, source), (tgt_key, target) = langs
+    if target is None and src_key == "source":
+        tgt_key = "target"  # named as the request named its source
+    if isinstance(target, list) and len(target) != texts:
+        raise bad_request(
+            f"tgt_lang: {len(target)} language codes for {texts} texts; give one code for all "
+            "texts or one per text"
+        )
+    return service.find(body.model, source, target, keys=(src_key, tgt_key))
 
 
 def _check(service: Service, body: _Body, request: Request, authorization: str | None) -> None:

@@ -26,9 +26,21 @@ from nmt.serving.batching import SCORE, Closed, Expired, Invalid, Job, Overloade
 from nmt.serving.config import ServeConfig
 from nmt.serving.disconnect import client_gone
 from nmt.serving.errors import ApiError, bad_request, too_large
-from nmt.serving.models import ModelRegistry, ServedModel
+from nmt.serving.models import AUTO, ModelRegistry, ServedModel
 
 STOPPING = "the server is stopping; retry on another"
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a request goes: its model, its source language (given, or found for
+    "auto"; None when not known) and what to ask of the model: the Translator's src_lang
+    and tgt_lang (one, or one per text; None for a single-pair model)."""
+
+    model: ServedModel
+    source: str | None
+    src_lang: str | None
+    tgt_lang: str | list[str] | None
 
 
 @dataclass
@@ -89,21 +101,26 @@ class Service:
             raise ApiError(503, "the models are loading; retry in a moment", kind="loading")
         return self.models
 
-    def find(self, name: str | None, source: str | None, target: str | None) -> ServedModel:
-        """A model by name, else by its language pair, else the only one."""
+    def find(
+        self,
+        name: str | None,
+        source: str | None,
+        target: str | Sequence[str] | None,
+        keys: tuple[str, str] = ("source", "target"),
+    ) -> Route:
+        """A model by name, else by the direction asked for, else the only one; with the
+        languages to ask of it (ServedModel.request_languages: a 400 for a language it
+        does not know). `target`: one language, or one per text; `keys` name `source`
+        and `target` in messages."""
         models = self.registry()
         if name is None and (source or target):
-            if source is None or target is None:
-                missing = "target" if source else "source"
-                raise bad_request(f"{missing}=null: give source and target, or model=")
-            return models.for_pair(source, target)
-        model = models.named(name)
-        for key, value, own in (("source", source, model.source), ("target", target, model.target)):
-            if value is not None and value != own and not (key == "source" and value == "auto"):
-                raise bad_request(
-                    f"{key}={value}: model {model.name} translates {own}; drop {key}="
-                )
-        return model
+            if not target:
+                raise bad_request(f"{keys[1]}=null: give {keys[0]} and {keys[1]}, or model=")
+            model, source = models.for_pair(source, target, keys)
+        else:
+            model = models.named(name)
+        src_lang, tgt_lang = model.request_languages(source, target, keys)
+        return Route(model, source if source != AUTO else None, src_lang, tgt_lang)
 
     def check_key(self, given: str | None, authorization: str | None = None) -> None:
         """The request's API key must be the server's, when the server has one: `given`
@@ -161,12 +178,16 @@ class Service:
         glossary: Glossary | None = None,
         alignment: bool = False,
         where: str = "texts",
+        src_lang: str | None = None,
+        tgt_lang: str | Sequence[str] | None = None,
     ) -> Answer:
         """Translate `texts` (each one sentence) with `search` (Service.search: up to
         search.nbest translations each) through the model's queue; `finish(job)` builds
         the answer from job.results (hypotheses per text) in the worker (texts_of,
         translations_of). `constraints` (one per text, request_constraints) and the
-        request's `glossary` (request_glossary), which goes over the model's."""
+        request's `glossary` (request_glossary), which goes over the model's.
+        `src_lang`/`tgt_lang`: a multilingual model's languages (Route), tgt_lang one or
+        one per text."""
         if prefixes is not None and len(prefixes) != len(texts):
             raise bad_request(
                 f"prefixes: {len(prefixes)} of them for {len(texts)} texts; give one "
@@ -183,6 +204,8 @@ class Service:
             alignment=alignment,
             where=where,
             finish=finish,
+            src_lang=src_lang,
+            tgt_lang=tgt_lang,
         )
         return await self._run(model, job)
 
@@ -192,6 +215,8 @@ class Service:
         sources: Sequence[str],
         targets: Sequence[str],
         search: SearchConfig,
+        src_lang: str | None = None,
+        tgt_lang: str | Sequence[str] | None = None,
     ) -> Answer:
         """Forced decoding of each target given its source: TargetScores (as
         Translator.score gives them)."""
@@ -208,6 +233,8 @@ class Service:
             targets=targets,
             where="sources",
             finish=target_scores,
+            src_lang=src_lang,
+            tgt_lang=tgt_lang,
         )
         return await self._run(model, job)
 

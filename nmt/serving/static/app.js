@@ -1,9 +1,12 @@
 // The translation page: calls POST /v1/translate and draws each sentence's translations,
-// scores and cross-attention heatmap (rows: target pieces, columns: source pieces).
+// scores and cross-attention heatmap (rows: target pieces, columns: source pieces). The
+// From/To pickers offer the selected model's languages (GET /v1/models: source -> its
+// targets), named as GET /languages names them.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 let models = [];
+let languageNames = {};
 
 function setStatus(text, isError) {
   const status = $("status");
@@ -20,23 +23,62 @@ function element(tag, attrs, ...children) {
 
 async function loadModels() {
   try {
-    const response = await fetch("v1/models");
+    const [response, languages] = await Promise.all([fetch("v1/models"), fetch("languages")]);
     const body = await response.json();
     if (!response.ok) throw new Error(body.error || response.statusText);
+    if (languages.ok) {
+      languageNames = Object.fromEntries((await languages.json()).map((l) => [l.code, l.name]));
+    }
     models = body.models;
-    $("model").replaceChildren(
-      ...models.map((m) => element("option", { value: m.name }, `${m.name} (${m.source} → ${m.target})`))
-    );
+    $("model").replaceChildren(...models.map((m) => element("option", { value: m.name }, modelLabel(m))));
     $("key-label").hidden = !body.api_key_required;
-    updateBeam();
+    updateModel();
   } catch (error) {
     setStatus(`The models are not ready (${error.message}); reload the page in a moment.`, true);
   }
 }
 
-function updateBeam() {
-  const model = models.find((m) => m.name === $("model").value);
-  if (model) $("nbest").max = model.search.beam;
+function selectedModel() {
+  return models.find((m) => m.name === $("model").value);
+}
+
+function modelLabel(model) {
+  if (model.source) return `${model.name} (${model.source} → ${model.target})`;
+  const langs = new Set(Object.entries(model.languages).flatMap(([src, tgts]) => [src, ...tgts]));
+  return `${model.name} (${[...langs].join(", ")})`;
+}
+
+function languageOption(code) {
+  const name = languageNames[code];
+  return element("option", { value: code }, name && name !== code ? `${name} (${code})` : code);
+}
+
+// The source languages of the model (or "any": the tag names the target), then the targets
+// from the one chosen, keeping the choices the new lists still offer.
+function updateModel() {
+  const model = selectedModel();
+  if (!model) return;
+  $("nbest").max = model.search.beam;
+  const from = $("src-lang");
+  const chosen = from.value;
+  const sources = Object.keys(model.languages);
+  const any = element("option", { value: "" }, "any");
+  from.replaceChildren(...(sources.length > 1 ? [any] : []), ...sources.map(languageOption));
+  if (sources.includes(chosen)) from.value = chosen;
+  updateTargets();
+}
+
+function updateTargets() {
+  const model = selectedModel();
+  if (!model) return;
+  const to = $("tgt-lang");
+  const chosen = to.value;
+  const source = $("src-lang").value;
+  const targets = source
+    ? model.languages[source]
+    : [...new Set(Object.values(model.languages).flat())];
+  to.replaceChildren(...targets.map(languageOption));
+  if (targets.includes(chosen)) to.value = chosen;
 }
 
 function heatmap(attention) {
@@ -84,6 +126,8 @@ async function translate() {
   const withScores = $("scores").checked;
   const request = {
     model: $("model").value || null,
+    src_lang: $("src-lang").value || null,
+    tgt_lang: $("tgt-lang").value || null,
     texts: lines,
     nbest: Number($("nbest").value) || 1,
     return_scores: withScores,
@@ -110,7 +154,8 @@ async function translate() {
 }
 
 $("translate").addEventListener("click", translate);
-$("model").addEventListener("change", updateBeam);
+$("model").addEventListener("change", updateModel);
+$("src-lang").addEventListener("change", updateTargets);
 $("source").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) translate();
 });
