@@ -105,6 +105,7 @@ def _evaluate_set(
             len_a=cfg.validation.bleu.len_a,
             len_b=cfg.validation.bleu.len_b,
             target_prefix=valid.target_prefix,
+            never=tuple(data.languages.ids.values()) if data.languages is not None else (),
         )
     return metrics
 
@@ -150,13 +151,15 @@ def decode_for_validation(
     len_a: float,
     len_b: int,
     target_prefix: tuple[int, ...] = (),
+    never: tuple[int, ...] = (),
 ) -> list[list[int]]:
     """The one place validation chooses its search: nmt-generate's beam search (beam 1 =
     greedy) with fairseq's length limit len_a * source length + len_b, each target forced
-    to start with `target_prefix` (a decoder language tag). Target ids per sentence,
-    without the prefix and the final EOS."""
+    to start with `target_prefix` (a decoder language tag), never choosing `never` (the
+    language tags, as the Translator). Target ids per sentence, without the prefix and the
+    final EOS."""
     generator = SequenceGenerator(
-        [model], SearchConfig(beam=beam, max_len_a=len_a, max_len_b=len_b)
+        [model], SearchConfig(beam=beam, max_len_a=len_a, max_len_b=len_b), never=never
     )
     prefix = None
     if target_prefix:
@@ -219,16 +222,23 @@ def valid_bleu(
     len_a: float,
     len_b: int,
     target_prefix: tuple[int, ...] = (),
+    never: tuple[int, ...] = (),
 ) -> tuple[float, str]:
     """Corpus BLEU of decoded `indices` against their detokenized targets, and its
-    signature; `target_prefix`: forced first target ids (decode_for_validation)."""
+    signature; `target_prefix`, `never`: as decode_for_validation takes them."""
     batches = fixed_batches(indices, dataset.src_sizes, dataset.tgt_sizes, max_tokens=max_tokens)
     mine: list[tuple[int, str]] = []
     for idx in batches[rank::world_size]:
         batch = collate(idx, dataset.pairs(idx)).to(device)
         with autocast():
             hyps = decode_for_validation(
-                model, batch, beam=beam, len_a=len_a, len_b=len_b, target_prefix=target_prefix
+                model,
+                batch,
+                beam=beam,
+                len_a=len_a,
+                len_b=len_b,
+                target_prefix=target_prefix,
+                never=never,
             )
         mine.extend((int(i), tgt_tokenizer.decode(h)) for i, h in zip(idx, hyps))
     gathered = sorted(pair for part in distributed.all_gather_objects(mine) for pair in part)
