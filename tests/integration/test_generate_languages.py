@@ -182,7 +182,7 @@ def test_file_mistakes_are_found_before_the_model_loads(nmt_cli, src, tmp_path):
     one_line_error(code, err, f"{short}: {len(CODES) - 1} lines", f"has {len(CODES)}")
     spelled = write_lines(tmp_path / "spelled.txt", CODES[:2] + ["en-de"] + CODES[3:])
     code, _, err = nmt_cli(*run, f"tgt_lang_file={spelled}")
-    one_line_error(code, err, f"{spelled}:3: tgt_lang='en-de': not a language code")
+    one_line_error(code, err, f"{spelled}:3: tgt_lang=en-de: not a language code")
     code, _, err = nmt_cli(*run, "tgt_lang=en-de")
     one_line_error(code, err, "tgt_lang=en-de: not a language code")
 
