@@ -453,7 +453,7 @@ def test_a_valid_split_the_data_dir_lacks_is_an_error(nmt_cli, demo_data_dir, tm
         err,
         "train",
         "validation.split=vaild: ",
-        "has no such split",
+        "has no split vaild",
         "test, train, valid",
         "validation.split=null",
     )
